@@ -1,0 +1,16 @@
+"""keras_cct: Caffe con Troll's ideas for Keras 3.
+
+* :class:`HybridConv2D` -- a drop-in ``keras.layers.Conv2D`` computed by lowering + GEMM +
+  lifting (CcT's Type 1/2/3 lowerings), chosen per layer by a planner.
+* :mod:`keras_cct.lowering` -- the pure functions behind it, with their cost model.
+* :mod:`keras_cct.devices` -- device discovery, FLOPS calibration, OpenCL kernels.
+* :mod:`keras_cct.caffe` -- Caffe prototxt / caffemodel / solver compatibility.
+* :mod:`keras_cct.export` -- ONNX export.
+"""
+
+__version__ = "0.1.0"
+
+from keras_cct import errors  # noqa: E402
+from keras_cct.layers import HybridConv2D  # noqa: E402
+
+__all__ = ["HybridConv2D", "errors", "__version__"]

@@ -1,0 +1,90 @@
+"""Typed errors of keras_cct.
+
+Every error names where the problem is (file, line, layer or device) and says how to fix it.
+All derive from :class:`KerasCCTError`; those about bad input also derive from ``ValueError``
+so that ``except ValueError`` keeps working for callers that expect Keras' conventions.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class KerasCCTError(Exception):
+    """Base class of every keras_cct error."""
+
+
+def _where(path: Optional[str], line: Optional[int], column: Optional[int],
+           layer: Optional[str]) -> str:
+    parts = []
+    if path is not None:
+        loc = str(path)
+        if line is not None:
+            loc += f":{line}"
+            if column is not None:
+                loc += f":{column}"
+        parts.append(loc)
+    if layer is not None:
+        parts.append(f"layer '{layer}'")
+    return ": ".join(parts)
+
+
+class LocatedError(KerasCCTError):
+    """An error that knows the file, line, column and/or layer it is about.
+
+    Args:
+        message: what is wrong.
+        path: the file (prototxt, caffemodel, solver, dataset, ...).
+        line: 1-based line number in a text file.
+        column: 1-based column in a text file.
+        layer: the layer (or record) name.
+        hint: how to fix it.
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None, line: Optional[int] = None,
+                 column: Optional[int] = None, layer: Optional[str] = None,
+                 hint: Optional[str] = None) -> None:
+        self.message = message
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.column = column
+        self.layer = layer
+        self.hint = hint
+        where = _where(self.path, line, column, layer)
+        text = f"{where}: {message}" if where else message
+        if hint:
+            text += f" ({hint})"
+        super().__init__(text)
+
+
+class CaffeFormatError(LocatedError, ValueError):
+    """A Caffe file (prototxt, caffemodel, binaryproto, solver, solverstate) is malformed or
+    uses something keras_cct does not support."""
+
+
+class DataError(LocatedError, ValueError):
+    """A dataset (LMDB, HDF5, image list, image file) cannot be read or has a bad record."""
+
+
+class LoweringError(KerasCCTError, ValueError):
+    """A convolution's arguments cannot be lowered (bad shape, unknown lowering, ...)."""
+
+
+class PlannerCacheWarning(UserWarning):
+    """The planner's on-disk cache was unreadable or stale and was ignored."""
+
+
+class DeviceError(KerasCCTError, RuntimeError):
+    """A device is unknown, unavailable, or failed while computing."""
+
+
+class OpenCLError(DeviceError):
+    """An OpenCL kernel failed to build or run; the message carries the OpenCL log."""
+
+
+class WorkerError(DeviceError):
+    """A device worker process died or answered with an error."""
+
+
+class ExportError(KerasCCTError, RuntimeError):
+    """A model cannot be exported; names the layer that cannot."""

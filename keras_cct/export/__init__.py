@@ -1,0 +1,1 @@
+"""Deployment: ONNX export of Keras models with HybridConv2D layers (through tf2onnx)."""

@@ -1,0 +1,1 @@
+"""CCTStrategy: split each mini-batch across devices in proportion to their FLOPS."""
