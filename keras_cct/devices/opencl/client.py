@@ -1,0 +1,320 @@
+"""Parent side of the OpenCL device worker: start, talk to, restart and stop worker processes.
+
+One :class:`WorkerClient` per OpenCL device name (``"opencl:P:D"`` or ``"opencl:P:D.S"``) runs
+``worker.py`` as a script in a child process (so that it never imports TensorFlow), lazily on
+the first call. Arrays cross through a shared-memory arena (:mod:`multiprocessing.shared_memory`)
+that the client grows as needed; only small requests are pickled. A worker that died (crash,
+SIGKILL) is restarted transparently and the request retried once; errors inside it come back as
+:class:`~keras_cct.errors.OpenCLError` (with the OpenCL message and build log) or
+:class:`~keras_cct.errors.WorkerError`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+from typing import Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from keras_cct.errors import DeviceError, OpenCLError, WorkerError
+
+WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+ALIGN = 4096
+DEFAULT_ICD_DIR = "/etc/OpenCL/vendors"
+
+
+def parse_opencl_name(name: str) -> str:
+    """``"opencl:P:D"`` / ``"opencl:P:D.S"`` -> ``"P:D"`` / ``"P:D.S"`` (validated).
+
+    Raises:
+        DeviceError: the name is not an OpenCL device name.
+    """
+    parts = str(name).split(":")
+    ok = len(parts) == 3 and parts[0] == "opencl" and parts[1].isdigit()
+    if ok:
+        d = parts[2].split(".")
+        ok = len(d) in (1, 2) and all(p.isdigit() for p in d)
+    if not ok:
+        raise DeviceError(f"{name!r} is not an OpenCL device name; use 'opencl:P:D' (platform P, "
+                          "device D) or 'opencl:P:D.S' (sub-device S); `cct devices` lists them")
+    return f"{parts[1]}:{parts[2]}"
+
+
+def worker_environment(extra: Optional[Mapping[str, str]] = None,
+                       spec: Optional[str] = None) -> Dict[str, str]:
+    """The environment a worker starts with: the parent's, with ``OCL_ICD_VENDORS`` pointing at
+    the system's ICD folder when unset, ``POCL_MAX_PTHREAD_COUNT=1`` for a 1-CU sub-device
+    (PoCL's fission alone does not limit its threads), then ``extra``."""
+    env = dict(os.environ)
+    if "OCL_ICD_VENDORS" not in env and os.path.isdir(DEFAULT_ICD_DIR):
+        env["OCL_ICD_VENDORS"] = DEFAULT_ICD_DIR
+    if spec is not None and "." in spec:
+        env.setdefault("POCL_MAX_PTHREAD_COUNT", "1")
+    # The worker must never import TensorFlow or keras_cct's package top level.
+    env.pop("PYTHONSTARTUP", None)
+    env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+class WorkerClient:
+    """A handle on one worker process (started lazily, restarted if it died).
+
+    Args:
+        spec: ``"P:D"``, ``"P:D.S"`` or ``None`` for a worker that only lists devices.
+        env: extra environment variables for the worker (e.g. ``POCL_MAX_PTHREAD_COUNT``);
+            changing them with :meth:`set_env` restarts the worker.
+        name: the device name, used in error messages.
+    """
+
+    def __init__(self, spec: Optional[str], env: Optional[Mapping[str, str]] = None,
+                 name: Optional[str] = None) -> None:
+        self.spec = spec
+        self.name = name or (f"opencl:{spec}" if spec else "opencl (discovery)")
+        self.env = dict(env or {})
+        self._lock = threading.RLock()
+        self._proc: Optional[subprocess.Popen] = None
+        self._conn: Optional[Connection] = None
+        self._stderr = None
+        self._shm: Optional[shared_memory.SharedMemory] = None
+        self._arena: Optional[np.ndarray] = None
+        self._attached = False
+        self._pid_owner = os.getpid()
+        self.starts = 0
+
+    # -- life cycle -----------------------------------------------------------------------------
+    @property
+    def pid(self) -> Optional[int]:
+        """The worker's process id, or None when it is not running."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def set_env(self, env: Mapping[str, str]) -> None:
+        """Replace the extra environment; the worker restarts on its next call."""
+        with self._lock:
+            if dict(env) != self.env:
+                self.env = dict(env)
+                self.stop()
+
+    def _start(self) -> None:
+        parent_sock, child_sock = socket.socketpair()
+        self._stderr = tempfile.TemporaryFile()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, WORKER_SCRIPT, str(child_sock.fileno()), self.spec or "-"],
+                pass_fds=(child_sock.fileno(),), env=worker_environment(self.env, self.spec),
+                stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr,
+                cwd=os.path.dirname(WORKER_SCRIPT), close_fds=True)
+        finally:
+            child_sock.close()
+        self._conn = Connection(os.dup(parent_sock.fileno()))
+        parent_sock.close()
+        self._attached = False
+        self._pid_owner = os.getpid()
+        self.starts += 1
+
+    def _ensure(self) -> None:
+        if self._pid_owner != os.getpid():  # forked: the child must not share our worker
+            self._proc, self._conn, self._shm, self._arena = None, None, None, None
+            self._attached = False
+            self._pid_owner = os.getpid()
+        if self._proc is None or self._proc.poll() is not None:
+            self._drop()
+            self._start()
+
+    def _stderr_tail(self) -> str:
+        try:
+            self._stderr.seek(0)
+            return self._stderr.read()[-4000:].decode(errors="replace").strip()
+        except Exception:  # noqa: BLE001
+            return ""
+
+    def _drop(self) -> None:
+        """Forget a dead (or to-be-stopped) worker's process and connection."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except OSError:
+                pass
+        self._conn = None
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._proc = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        self._attached = False
+
+    def stop(self) -> None:
+        """Ask the worker to exit (kill it if it does not) and free the arena."""
+        with self._lock:
+            if self._pid_owner != os.getpid():
+                return
+            if self._conn is not None and self._proc is not None and self._proc.poll() is None:
+                try:
+                    self._conn.send(("exit", {}))
+                    if self._conn.poll(5):
+                        self._conn.recv()
+                    self._proc.wait(timeout=5)
+                except (OSError, EOFError, subprocess.TimeoutExpired):
+                    pass
+            self._drop()
+            if self._shm is not None:
+                self._arena = None
+                try:
+                    self._shm.close()
+                    self._shm.unlink()
+                except (OSError, BufferError):
+                    pass
+                self._shm = None
+
+    # -- requests ---------------------------------------------------------------------------------
+    def _exchange(self, cmd: str, kwargs: dict):
+        try:
+            self._conn.send((cmd, kwargs))
+            return self._conn.recv()
+        except (EOFError, OSError) as exc:
+            try:
+                code = self._proc.wait(timeout=10) if self._proc is not None else None
+            except subprocess.TimeoutExpired:
+                code = None
+            tail = self._stderr_tail()
+            self._drop()
+            raise _WorkerDied(f"the OpenCL worker of {self.name} died (exit code {code}) "
+                              f"during {cmd!r}" + (f"; its output:\n{tail}" if tail else "")) \
+                from exc
+
+    def _arena_for(self, nbytes: int) -> np.ndarray:
+        if self._shm is None or self._shm.size < nbytes:
+            if self._shm is not None:
+                self._arena = None
+                self._shm.close()
+                self._shm.unlink()
+            size = max(1 << 20, 1 << max(nbytes - 1, 1).bit_length())
+            self._shm = shared_memory.SharedMemory(create=True, size=size)
+            self._arena = np.ndarray((size,), np.uint8, buffer=self._shm.buf)
+            self._attached = False
+        return self._arena
+
+    def call(self, cmd: str, inputs: Optional[Mapping[str, np.ndarray]] = None,
+             outputs: Optional[Mapping[str, Tuple[Tuple[int, ...], type]]] = None,
+             **kwargs):
+        """Run ``cmd`` in the worker with arrays crossing through shared memory.
+
+        Args:
+            cmd: a worker command (``worker.Worker.cmd_*``).
+            inputs: name -> array, copied into the arena; their byte offsets are passed to the
+                worker as ``off[name]``.
+            outputs: name -> (shape, dtype) of arrays the worker writes into the arena.
+            **kwargs: small, picklable arguments.
+
+        Returns:
+            ``(result, {name: array})`` -- the worker's answer and fresh copies of the outputs.
+
+        Raises:
+            OpenCLError: an OpenCL call (build, launch) failed; the message carries its log.
+            WorkerError: the worker died twice in a row, or failed unexpectedly.
+            DeviceError: the worker rejected the request (bad shape or arguments).
+        """
+        inputs = dict(inputs or {})
+        outputs = dict(outputs or {})
+        with self._lock:
+            for attempt in (0, 1):
+                self._ensure()
+                layout, total = {}, 0
+                arrays = {}
+                for k, a in inputs.items():
+                    arrays[k] = a
+                    layout[k] = total
+                    total += -(-max(a.nbytes, 1) // ALIGN) * ALIGN
+                for k, (shape, dtype) in outputs.items():
+                    layout[k] = total
+                    total += -(-max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+                               // ALIGN) * ALIGN
+                try:
+                    if layout:
+                        arena = self._arena_for(total)
+                        if not self._attached:
+                            self._raise(self._exchange(
+                                "attach", {"name": self._shm.name, "size": self._shm.size}))
+                            self._attached = True
+                        for k, a in arrays.items():
+                            dst = np.ndarray(a.shape, a.dtype, buffer=arena, offset=layout[k])
+                            np.copyto(dst, a)
+                        kwargs = dict(kwargs, off=layout)
+                    reply = self._exchange(cmd, kwargs)
+                except _WorkerDied as exc:
+                    if attempt == 0:
+                        continue  # every command is a pure function of its inputs: retry once
+                    raise WorkerError(str(exc)) from None
+                result = self._raise(reply)
+                outs = {}
+                for k, (shape, dtype) in outputs.items():
+                    outs[k] = np.ndarray(shape, dtype, buffer=self._arena, offset=layout[k]).copy()
+                return result, outs
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def request(self, cmd: str, **kwargs):
+        """A command without arrays; returns the worker's answer."""
+        return self.call(cmd, **kwargs)[0]
+
+    def _raise(self, reply):
+        if reply[0] == "ok":
+            return reply[1]
+        _, kind, message = reply
+        where = f"OpenCL device {self.name}"
+        if kind == "opencl":
+            raise OpenCLError(f"{where}: {message}")
+        if kind == "value":
+            raise DeviceError(f"{where} rejected the request: {message}")
+        raise WorkerError(f"{where}: the worker failed: {message}")
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+_CLIENTS: Dict[str, WorkerClient] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def client_for(name: Optional[str], env: Optional[Mapping[str, str]] = None) -> WorkerClient:
+    """The shared :class:`WorkerClient` of device ``name`` (``None``: the discovery worker).
+
+    ``env`` (when given) sets the worker's extra environment, restarting it if it changed.
+    """
+    key = name or ""
+    spec = parse_opencl_name(name) if name else None
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = WorkerClient(spec, env, name=name)
+            return client
+    if env is not None:
+        client.set_env(env)
+    return client
+
+
+def stop_all() -> None:
+    """Stop every worker this process started (also run at interpreter exit)."""
+    with _CLIENTS_LOCK:
+        clients = list(_CLIENTS.values())
+    for c in clients:
+        try:
+            c.stop()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+
+atexit.register(stop_all)
