@@ -1,0 +1,214 @@
+"""HybridConv2D: ``keras.layers.Conv2D`` computed by Caffe con Troll's lowerings."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import keras
+from keras import activations, constraints, initializers, ops, regularizers
+from keras.layers import InputSpec
+
+from keras_cct.errors import LoweringError
+from keras_cct.lowering import check_lowering, choose_for, conv2d_geo, conv_geometry
+from keras_cct.lowering.geometry import (ConvGeometry, normalize_pair, normalize_padding,
+                                         padding_to_config)
+
+PLANNER_MODES = ("model", "measure")
+
+
+@keras.saving.register_keras_serializable(package="keras_cct")
+class HybridConv2D(keras.layers.Layer):
+    """2-D convolution computed as lowering + GEMM + lifting; a drop-in for ``Conv2D``.
+
+    Takes the same arguments as ``keras.layers.Conv2D`` and has the same weights (``kernel`` of
+    shape ``(kh, kw, in_channels // groups, filters)``, then ``bias``), so weights copy between
+    the two. On top of Conv2D:
+
+    Args:
+        padding: ``"valid"``, ``"same"``, or explicit zero padding as in Caffe: an int,
+            ``(pad_h, pad_w)``, or ``((top, bottom), (left, right))``.
+        lowering: ``"auto"`` (chosen per input shape by the planner), ``"type1"`` (im2col),
+            ``"type2"``, ``"type3"`` (1x1 GEMM + shift-and-add lifting) or ``"native"`` (the
+            backend's own convolution, split per group).
+        planner: how ``"auto"`` chooses: ``"model"`` (CcT's rule through the cost model) or
+            ``"measure"`` (time each lowering once for this shape, cached on disk).
+        device: ``None`` (compute with the current Keras backend's device) or an OpenCL device
+            name such as ``"opencl:0:0"`` (see :func:`keras_cct.devices.list_devices`).
+
+    Dilation may be combined with strides (Caffe allows it; Conv2D does not).
+    """
+
+    def __init__(self, filters: int, kernel_size, strides=(1, 1), padding="valid",
+                 data_format: Optional[str] = None, dilation_rate=(1, 1), groups: int = 1,
+                 activation=None, use_bias: bool = True, kernel_initializer="glorot_uniform",
+                 bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None,
+                 activity_regularizer=None, kernel_constraint=None, bias_constraint=None,
+                 lowering: str = "auto", planner: str = "model", device: Optional[str] = None,
+                 **kwargs: Any) -> None:
+        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
+        if not isinstance(filters, int) or isinstance(filters, bool) or filters <= 0:
+            raise ValueError(f"`filters` must be a positive int, got {filters!r}")
+        if not isinstance(groups, int) or isinstance(groups, bool) or groups <= 0:
+            raise ValueError(f"`groups` must be a positive int, got {groups!r}")
+        if filters % groups:
+            raise ValueError(f"`groups`={groups} must divide `filters`={filters}")
+        self.filters = filters
+        self.groups = groups
+        self.kernel_size = normalize_pair(kernel_size, "kernel_size")
+        self.strides = normalize_pair(strides, "strides")
+        self.dilation_rate = normalize_pair(dilation_rate, "dilation_rate")
+        self.padding = normalize_padding(padding)
+        data_format = data_format or keras.config.image_data_format()
+        if data_format not in ("channels_last", "channels_first"):
+            raise ValueError(f"`data_format` must be 'channels_last' or 'channels_first', got "
+                             f"{data_format!r}")
+        self.data_format = data_format
+        self.activation = activations.get(activation)
+        self.use_bias = use_bias
+        self.kernel_initializer = initializers.get(kernel_initializer)
+        self.bias_initializer = initializers.get(bias_initializer)
+        self.kernel_regularizer = regularizers.get(kernel_regularizer)
+        self.bias_regularizer = regularizers.get(bias_regularizer)
+        self.kernel_constraint = constraints.get(kernel_constraint)
+        self.bias_constraint = constraints.get(bias_constraint)
+        self.lowering = check_lowering(lowering)
+        if planner not in PLANNER_MODES:
+            raise ValueError(f"`planner` must be one of {PLANNER_MODES}, got {planner!r}")
+        self.planner = planner
+        self.device = device
+        if device is not None:
+            self._check_device(device)
+        self.input_spec = InputSpec(ndim=4)
+        self._plans: Dict[Tuple, Tuple[ConvGeometry, str]] = {}
+
+    # ------------------------------------------------------------------------------ building
+
+    @staticmethod
+    def _check_device(device: str) -> None:
+        if not isinstance(device, str) or not device.startswith("opencl:"):
+            raise ValueError(f"`device` must be None or an OpenCL device name such as "
+                             f"'opencl:0:0' (see keras_cct.devices.list_devices()), got "
+                             f"{device!r}")
+
+    @property
+    def supports_jit(self) -> bool:  # an OpenCL device is reached through a host callback
+        return self.device is None
+
+    @supports_jit.setter
+    def supports_jit(self, value) -> None:  # keras.layers.Layer assigns it in __init__
+        pass
+
+    def _channels_last_shape(self, input_shape) -> Tuple:
+        shape = tuple(input_shape)
+        if self.data_format == "channels_first":
+            shape = (shape[0], shape[2], shape[3], shape[1])
+        return shape
+
+    def build(self, input_shape) -> None:
+        shape = self._channels_last_shape(input_shape)
+        channels = shape[-1]
+        if channels is None:
+            raise ValueError(f"layer '{self.name}': the channel dimension of the input must be "
+                             f"known, got input shape {tuple(input_shape)}")
+        if channels % self.groups:
+            raise ValueError(f"layer '{self.name}': `groups`={self.groups} must divide the "
+                             f"input channels ({channels}); input shape {tuple(input_shape)}")
+        axis = -1 if self.data_format == "channels_last" else 1
+        self.input_spec = InputSpec(ndim=4, axes={axis: channels})
+        kernel_shape = self.kernel_size + (channels // self.groups, self.filters)
+        if shape[1] is not None and shape[2] is not None:
+            self._plan(shape)  # validates kernel vs padded input now, not at the first call
+        self.kernel = self.add_weight(
+            name="kernel", shape=kernel_shape, initializer=self.kernel_initializer,
+            regularizer=self.kernel_regularizer, constraint=self.kernel_constraint,
+            trainable=True, dtype=self.dtype)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias", shape=(self.filters,), initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer, constraint=self.bias_constraint,
+                trainable=True, dtype=self.dtype)
+
+    def _plan(self, shape: Tuple) -> Tuple[ConvGeometry, str]:
+        """Geometry and lowering for a channels-last input shape (cached per spatial shape)."""
+        key = tuple(shape[1:])
+        plan = self._plans.get(key)
+        if plan is None:
+            kernel_shape = self.kernel_size + (shape[-1] // self.groups, self.filters)
+            try:
+                geo = conv_geometry((None,) + key, kernel_shape, strides=self.strides,
+                                    padding=self.padding, dilation_rate=self.dilation_rate,
+                                    groups=self.groups)
+            except LoweringError as exc:
+                raise ValueError(f"layer '{self.name}': {exc}") from None
+            lowering = self.lowering
+            if lowering == "auto":
+                lowering = choose_for(geo, mode=self.planner, dtype=self.compute_dtype)
+            plan = self._plans[key] = (geo, lowering)
+        return plan
+
+    @property
+    def chosen_lowering(self) -> Optional[str]:
+        """The lowering used for the most recently planned input shape (None before build)."""
+        if not self._plans:
+            return None
+        return list(self._plans.values())[-1][1]
+
+    # ------------------------------------------------------------------------------ calling
+
+    def call(self, inputs):
+        x = inputs
+        if self.data_format == "channels_first":
+            x = ops.transpose(x, (0, 2, 3, 1))
+        geo, lowering = self._plan(tuple(x.shape))
+        if self.device is not None:
+            from keras_cct.ops import conv2d_on
+            y = conv2d_on(self.device, x, self.kernel, self.bias, strides=self.strides,
+                          padding=geo.pad, dilation_rate=self.dilation_rate, groups=self.groups)
+        else:
+            y = conv2d_geo(x, self.kernel, geo, lowering)
+            if self.use_bias:
+                y = ops.add(y, self.bias)
+        if self.data_format == "channels_first":
+            y = ops.transpose(y, (0, 3, 1, 2))
+        if self.activation is not None:
+            y = self.activation(y)
+        return y
+
+    def compute_output_shape(self, input_shape) -> Tuple:
+        shape = self._channels_last_shape(input_shape)
+        if shape[1] is None or shape[2] is None:
+            out = (shape[0], None, None, self.filters)
+        else:
+            geo, _ = self._plan(shape)
+            out = (shape[0], geo.out_h, geo.out_w, self.filters)
+        if self.data_format == "channels_first":
+            out = (out[0], out[3], out[1], out[2])
+        return out
+
+    # ------------------------------------------------------------------------------ config
+
+    def get_config(self) -> Dict[str, Any]:
+        config = super().get_config()
+        config.update({
+            "filters": self.filters,
+            "kernel_size": self.kernel_size,
+            "strides": self.strides,
+            "padding": padding_to_config(self.padding),
+            "data_format": self.data_format,
+            "dilation_rate": self.dilation_rate,
+            "groups": self.groups,
+            "activation": activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "kernel_initializer": initializers.serialize(self.kernel_initializer),
+            "bias_initializer": initializers.serialize(self.bias_initializer),
+            "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
+            "bias_regularizer": regularizers.serialize(self.bias_regularizer),
+            "activity_regularizer": regularizers.serialize(self.activity_regularizer),
+            "kernel_constraint": constraints.serialize(self.kernel_constraint),
+            "bias_constraint": constraints.serialize(self.bias_constraint),
+            "lowering": self.lowering,
+            "planner": self.planner,
+            "device": self.device,
+        })
+        return config

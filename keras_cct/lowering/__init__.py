@@ -1,0 +1,16 @@
+"""Lowered convolutions (CcT's Type 1, 2 and 3), their cost model and the planner.
+
+Pure functions on channels-last tensors, written with ``keras.ops`` so they run on every Keras
+backend: :func:`conv2d`, :func:`choose`, :func:`cost`, :func:`conv_geometry`.
+"""
+
+from keras_cct.lowering.conv import LOWERING_NAMES, check_lowering, conv2d, conv2d_geo
+from keras_cct.lowering.cost import LOWERED_TYPES, Cost, Machine, cost, estimate_seconds
+from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
+from keras_cct.lowering.planner import ALL_LOWERINGS, choose, choose_for
+
+__all__ = [
+    "ALL_LOWERINGS", "LOWERED_TYPES", "LOWERING_NAMES", "ConvGeometry", "Cost", "Machine",
+    "check_lowering", "choose", "choose_for", "conv2d", "conv2d_geo", "conv_geometry", "cost",
+    "estimate_seconds",
+]

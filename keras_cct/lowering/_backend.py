@@ -1,0 +1,69 @@
+"""The few primitives whose best form differs per Keras backend.
+
+Everything else in :mod:`keras_cct.lowering` is written with ``keras.ops``. These exist because
+``keras.ops.matmul`` has no transpose flags: on TensorFlow, ``ops.transpose`` of a lowered matrix
+materializes a copy as large as the matrix itself, while ``tf.linalg.matmul(transpose_a=True)``
+reads it in place. JAX (XLA) and PyTorch (strided views) need no copy either way.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import keras
+from keras import ops
+
+
+def _name() -> str:
+    return keras.backend.backend()
+
+
+def as_tensor(x):
+    """A plain tensor holding ``x``'s value (a variable is read, not passed as a variable)."""
+    if _name() == "tensorflow":
+        import tensorflow as tf
+        return tf.identity(x) if isinstance(x, tf.Variable) or hasattr(x, "value") else \
+            tf.convert_to_tensor(x)
+    return ops.convert_to_tensor(x)
+
+
+def matmul(a, b):
+    """``a @ b`` for 2-D operands, in their own dtype (Keras' torch ``matmul`` demotes float64)."""
+    if _name() == "torch":
+        return a @ b
+    return ops.matmul(a, b)
+
+
+def matmul_tn(a, b):
+    """``a.T @ b`` for 2-D ``a`` (k, m) and ``b`` (k, n), without materializing ``a.T``."""
+    name = _name()
+    if name == "tensorflow":
+        import tensorflow as tf
+        return tf.linalg.matmul(a, b, transpose_a=True)
+    if name == "torch":
+        return a.transpose(0, 1) @ b
+    return ops.matmul(ops.transpose(a), b)
+
+
+def matmul_nt(a, b):
+    """``a @ b.T`` for 2-D ``a`` (m, k) and ``b`` (n, k), without materializing ``b.T``."""
+    name = _name()
+    if name == "tensorflow":
+        import tensorflow as tf
+        return tf.linalg.matmul(a, b, transpose_b=True)
+    if name == "torch":
+        return a @ b.transpose(0, 1)
+    return ops.matmul(a, ops.transpose(b))
+
+
+def add_n(tensors: List):
+    """Sum of same-shape tensors (one kernel on TensorFlow, a fused chain elsewhere)."""
+    if len(tensors) == 1:
+        return tensors[0]
+    if _name() == "tensorflow":
+        import tensorflow as tf
+        return tf.math.add_n(tensors)
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = ops.add(total, t)
+    return total

@@ -1,0 +1,95 @@
+"""Cost model of the three lowerings (CcT section 3.1), forward and backward.
+
+For one convolution it counts, per lowering: elements written by the lowering, GEMM flops,
+elements read by the lifting, and the peak temporary bytes. :func:`estimate_seconds` turns those
+counts into a time with two machine constants (GEMM throughput and data-movement throughput),
+which :mod:`keras_cct.lowering.planner` uses to choose a lowering without running anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict
+
+from keras_cct.lowering.geometry import ConvGeometry
+
+LOWERED_TYPES = ("type1", "type2", "type3")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Counts for one lowering of one convolution, for a given batch size.
+
+    Attributes:
+        lowering_elements: elements written when building the lowered data matrix (forward).
+        gemm_flops: flops of the forward GEMMs (2 * m * k * n summed over groups).
+        lifting_reads: elements read by the shift-and-add lifting (forward).
+        temp_bytes: peak bytes of temporaries (lowered matrix + GEMM output) in the forward pass.
+        backward_movement: elements moved by the backward's lowering of ``dy`` and col2im.
+    """
+
+    lowering_elements: int
+    gemm_flops: int
+    lifting_reads: int
+    temp_bytes: int
+    backward_movement: int
+
+    def as_dict(self) -> Dict[str, int]:
+        return asdict(self)
+
+
+def cost(geo: ConvGeometry, lowering: str, *, batch: int | None = None,
+         dtype_bytes: int = 4) -> Cost:
+    """Count the work of ``lowering`` ("type1", "type2" or "type3") for ``geo``."""
+    b = batch if batch is not None else (geo.batch or 1)
+    oh, ow, ph, pw = geo.out_h, geo.out_w, geo.padded_h, geo.padded_w
+    kh, kw, d, o, g = geo.kh, geo.kw, geo.cg, geo.og, geo.groups
+    out = b * oh * ow * o * g
+    if lowering == "type1":
+        rows, inner, cols = b * oh * ow, kh * kw * d, o
+        lowered = rows * inner * g
+        lift = 0
+        gemm_out = rows * cols * g
+        back = lowered + kh * b * oh * pw * d * g  # col2im: kh*kw placements along w, kh along h
+    elif lowering == "type2":
+        rows, inner, cols = b * oh * pw, kh * d, kw * o
+        lowered = rows * inner * g
+        gemm_out = rows * cols * g
+        lift = kw * out
+        back = lowered + gemm_out  # unlift dy (kw placements) + col2im along h
+    elif lowering == "type3":
+        rows, inner, cols = b * ph * pw, d, kh * kw * o
+        lowered = b * ph * pw * d * g  # the padded input itself
+        gemm_out = rows * cols * g
+        lift = kh * kw * out
+        back = gemm_out  # unlift: dy placed kh*kw times
+    else:
+        raise ValueError(f"unknown lowering {lowering!r}; expected one of {LOWERED_TYPES}")
+    flops = 2 * rows * inner * cols * g
+    temp = (lowered + gemm_out) * dtype_bytes
+    return Cost(lowered, flops, lift, temp, back)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The two throughputs the cost model needs.
+
+    Attributes:
+        gemm_flops_per_s: sustained GEMM throughput (flop/s).
+        move_elements_per_s: sustained throughput of copies/adds of float32 elements (elem/s),
+            counting each element written (lowering) or read (lifting) once.
+    """
+
+    gemm_flops_per_s: float = 3.0e11
+    move_elements_per_s: float = 1.5e9
+
+
+def estimate_seconds(c: Cost, machine: Machine = Machine(), *, training: bool = True) -> float:
+    """Estimated time of one forward (and backward, if ``training``) pass from the counts."""
+    fwd = c.gemm_flops / machine.gemm_flops_per_s + \
+        (c.lowering_elements + c.lifting_reads) / machine.move_elements_per_s
+    if not training:
+        return fwd
+    bwd = 2 * c.gemm_flops / machine.gemm_flops_per_s + \
+        c.backward_movement / machine.move_elements_per_s
+    return fwd + bwd

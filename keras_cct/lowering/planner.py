@@ -1,0 +1,191 @@
+"""Choosing a lowering per convolution (CcT's optimizer).
+
+``mode="model"`` applies CcT's rule through the cost model: Type 1 (replicate the input) wins when
+input channels are fewer than output channels, Type 3 (replicate the output) in the opposite
+case, Type 2 in between; the estimate in :mod:`keras_cct.lowering.cost` decides, so the extra
+work of a strided Type 3 is weighed too. ``mode="measure"`` times every candidate once for the
+exact shape on the current backend and device and caches the winner on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+from keras_cct.errors import LoweringError, PlannerCacheWarning
+from keras_cct.lowering.cost import LOWERED_TYPES, Machine, cost, estimate_seconds
+from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
+
+ALL_LOWERINGS = LOWERED_TYPES + ("native",)
+CACHE_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """Folder of keras_cct's on-disk caches (``$KERAS_CCT_CACHE_DIR`` or ~/.cache/keras_cct)."""
+    env = os.environ.get("KERAS_CCT_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "keras_cct"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _device_name() -> str:
+    import keras
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+        if tf.config.list_logical_devices("GPU"):
+            return "gpu:" + tf.config.experimental.get_device_details(
+                tf.config.list_physical_devices("GPU")[0]).get("device_name", "gpu")
+    elif keras.backend.backend() == "jax":
+        import jax
+        dev = jax.devices()[0]
+        if dev.platform != "cpu":
+            return f"{dev.platform}:{dev.device_kind}"
+    elif keras.backend.backend() == "torch":
+        import torch
+        if torch.cuda.is_available():
+            return "cuda:" + torch.cuda.get_device_name(0)
+    return f"cpu:{_cpu_name()}:{os.cpu_count()}"
+
+
+def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32",
+               training: bool = True, candidates: Optional[Sequence[str]] = None,
+               batch: Optional[int] = None, machine: Machine = Machine()) -> str:
+    """:func:`choose` for an already validated geometry."""
+    if mode == "model":
+        cands = tuple(candidates) if candidates else LOWERED_TYPES
+        bad = [c for c in cands if c not in LOWERED_TYPES]
+        if bad:
+            raise LoweringError(f"mode='model' only ranks {LOWERED_TYPES}, got {bad}")
+        b = batch or geo.batch or 32
+        return min(cands, key=lambda c: estimate_seconds(cost(geo, c, batch=b), machine,
+                                                         training=training))
+    if mode == "measure":
+        cands = tuple(candidates) if candidates else ALL_LOWERINGS
+        return _measured_choice(geo, cands, dtype, training, batch)
+    raise LoweringError(f"`mode` must be 'model' or 'measure', got {mode!r}")
+
+
+def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, padding="valid",
+           dilation_rate=1, groups: int = 1, mode: str = "model", dtype: str = "float32",
+           training: bool = True, candidates: Optional[Sequence[str]] = None,
+           batch: Optional[int] = None) -> str:
+    """Pick the lowering for one convolution.
+
+    Args:
+        input_shape: ``(batch, height, width, channels)`` (batch may be ``None``).
+        kernel_shape: ``(kh, kw, channels // groups, filters)``.
+        strides, padding, dilation_rate, groups: as in :func:`keras_cct.lowering.conv2d`.
+        mode: ``"model"`` (cost model, instant) or ``"measure"`` (time each candidate once on
+            this backend and device; the winner is cached on disk).
+        dtype: element type, part of the measurement cache key.
+        training: rank by forward+backward time (True) or forward only.
+        candidates: lowerings to consider (default: the three types for ``"model"``; the three
+            types and ``"native"`` for ``"measure"``).
+        batch: batch size to rank for when ``input_shape`` has none (default 32).
+
+    Returns:
+        One of ``"type1"``, ``"type2"``, ``"type3"``, ``"native"``.
+    """
+    geo = conv_geometry(input_shape, kernel_shape, strides=strides, padding=padding,
+                        dilation_rate=dilation_rate, groups=groups)
+    return choose_for(geo, mode=mode, dtype=dtype, training=training, candidates=candidates,
+                      batch=batch)
+
+
+# ---------------------------------------------------------------------------------- measuring
+
+def _cache_key(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int) -> str:
+    import keras
+    from keras_cct import __version__
+    fields = dict(v=CACHE_VERSION, pkg=__version__, backend=keras.backend.backend(),
+                  device=_device_name(), dtype=dtype, training=training, batch=batch,
+                  cands=list(cands),
+                  geo=[geo.in_h, geo.in_w, geo.channels, geo.kh, geo.kw, geo.filters, geo.groups,
+                       geo.sh, geo.sw, geo.dh, geo.dw, [list(p) for p in geo.pad]])
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _cache_file() -> Path:
+    return cache_dir() / "planner.json"
+
+
+def _read_cache() -> Dict[str, dict]:
+    path = _cache_file()
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+            raise ValueError("unexpected layout or version")
+        entries = data.get("entries", {})
+        if not isinstance(entries, dict):
+            raise ValueError("entries is not a mapping")
+        return entries
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"{path}: ignoring the planner cache ({exc}); it will be rewritten",
+                      PlannerCacheWarning, stacklevel=3)
+        return {}
+
+
+def _write_cache(entries: Dict[str, dict]) -> None:
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".planner-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": CACHE_VERSION, "entries": entries}, f)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only home must not break training
+        warnings.warn(f"{path}: could not save the planner cache ({exc})", PlannerCacheWarning,
+                      stacklevel=3)
+
+
+def _measured_choice(geo: ConvGeometry, cands, dtype: str, training: bool,
+                     batch: Optional[int]) -> str:
+    b = batch or geo.batch or 32
+    key = _cache_key(geo, cands, dtype, training, b)
+    entries = _read_cache()
+    hit = entries.get(key)
+    if isinstance(hit, dict) and hit.get("choice") in cands:
+        return hit["choice"]
+    times = {c: time_lowering(geo, c, batch=b, dtype=dtype, training=training) for c in cands}
+    best = min(times, key=times.get)
+    entries = _read_cache()
+    entries[key] = {"choice": best, "seconds": times}
+    _write_cache(entries)
+    return best
+
+
+def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: str = "float32",
+                  training: bool = True, repeats: int = 3) -> float:
+    """Best-of-``repeats`` seconds of one forward (+ backward) pass of ``lowering`` on ``geo``,
+    after one warm-up call, on the current Keras backend."""
+    from keras_cct.lowering.timing import make_step
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels)).astype(dtype)
+    k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters)) * 0.1).astype(dtype)
+    step = make_step(geo, lowering, x, k, training=training)
+    step()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t0)
+    return best

@@ -1,0 +1,65 @@
+"""One compiled forward(+backward) step of a convolution per backend, for the planner's
+``mode="measure"`` and the benchmarks. Each call blocks until the result is computed."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+import numpy as np
+
+from keras_cct.lowering.geometry import ConvGeometry
+
+
+def make_step(geo: ConvGeometry, lowering: str, x: np.ndarray, kernel: np.ndarray, *,
+              training: bool = True, jit_compile: bool = False) -> Callable[[], None]:
+    """A no-argument callable running ``lowering`` on ``x``/``kernel`` (and the gradients of
+    ``sum(y * r)`` with respect to both, if ``training``)."""
+    from keras_cct.lowering.conv import conv2d_geo
+
+    backend = keras.backend.backend()
+    r = np.random.default_rng(1).standard_normal(
+        (x.shape[0], geo.out_h, geo.out_w, geo.filters)).astype(x.dtype)
+    if backend == "tensorflow":
+        import tensorflow as tf
+        tx, tk, tr = (tf.constant(a) for a in (x, kernel, r))
+
+        @tf.function(jit_compile=jit_compile)
+        def run(xx, kk, rr):
+            if not training:
+                return tf.reduce_sum(conv2d_geo(xx, kk, geo, lowering)[:1, :1, :1, :1])
+            with tf.GradientTape() as tape:
+                tape.watch([xx, kk])
+                loss = tf.reduce_sum(conv2d_geo(xx, kk, geo, lowering) * rr)
+            dx, dk = tape.gradient(loss, [xx, kk])
+            return tf.reduce_sum(dx[:1, :1, :1, :1]) + tf.reduce_sum(dk[:1, :1, :1, :1])
+
+        return lambda: run(tx, tk, tr).numpy()
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+        jx, jk, jr = (jnp.asarray(a) for a in (x, kernel, r))
+
+        def loss(xx, kk):
+            return jnp.sum(conv2d_geo(xx, kk, geo, lowering) * jr)
+
+        fn = jax.jit(jax.grad(loss, argnums=(0, 1)) if training else
+                     (lambda xx, kk: conv2d_geo(xx, kk, geo, lowering)))
+        return lambda: jax.block_until_ready(fn(jx, jk))
+    if backend == "torch":
+        import torch
+        tx = torch.tensor(x, requires_grad=training)
+        tk = torch.tensor(kernel, requires_grad=training)
+        tr = torch.tensor(r)
+
+        def step():
+            if training:
+                (conv2d_geo(tx, tk, geo, lowering) * tr).sum().backward()
+                tx.grad = None
+                tk.grad = None
+            else:
+                with torch.no_grad():
+                    conv2d_geo(tx, tk, geo, lowering)
+
+        return step
+    raise NotImplementedError(f"no timing for backend {backend!r}")
