@@ -121,7 +121,12 @@ class Engine:
         if d >= len(devices):
             raise RequestError(f"platform {p} has no device {d} (it has {len(devices)})")
         dev = devices[d]
-        if s is not None:
+        if s is not None and int(dev.max_compute_units) == 1:
+            # PoCL's fission does not limit its threads, so a sub-device's worker runs with
+            # POCL_MAX_PTHREAD_COUNT=1, which already makes the whole device one compute unit:
+            # that unit is the sub-device (the parent checked S against the full device).
+            pass
+        elif s is not None:
             subs = dev.create_sub_devices([cl.device_partition_property.EQUALLY, 1])
             if s >= len(subs):
                 raise RequestError(f"device {p}:{d} has no sub-device {s} (it has {len(subs)})")
