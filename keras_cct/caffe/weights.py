@@ -1,0 +1,324 @@
+"""Caffe weights <-> Keras variables: ``load_weights``, ``save_weights`` and blob layouts.
+
+Each Keras layer that an imported net uses for a weighted Caffe layer has a converter here that
+knows Caffe's blob shapes and layouts:
+
+=====================  ==================  ===================================================
+Caffe type             Keras layer         blobs -> variables
+=====================  ==================  ===================================================
+Convolution            HybridConv2D        (O, I/g, kh, kw) -> kernel (kh, kw, I/g, O); bias
+Deconvolution          CaffeDeconvolution  (I, O/g, kh, kw) -> kernel (kh, kw, O/g, I); bias
+InnerProduct           CaffeInnerProduct   (O, K) (or (K, O) if transpose) -> kernel (K, O)
+PReLU                  CaffePReLU          (C,) or (1,) -> alpha
+BatchNorm              CaffeBatchNorm      mean (C,), variance (C,), scale factor (1,)
+Scale / Bias           CaffeScale / Bias   as is (Caffe shapes)
+=====================  ==================  ===================================================
+
+Blobs are matched by layer name (``/`` in a Caffe name is ``__`` in Keras, see
+:func:`keras_name`); legacy 4-D blob shapes (``num/channels/height/width``, e.g. a bias stored
+as ``(1, 1, 1, O)``) are accepted when they equal the expected shape padded with leading ones,
+as Caffe's ``Blob::ShapeEquals`` does.
+
+Reading a large caffemodel is dominated by turning protobuf's repeated floats into numpy; the
+blob payloads are therefore read straight from the (packed, little-endian) wire bytes with
+``numpy.frombuffer`` after protobuf has parsed and validated the message, and written the same
+way (protobuf parses the encoded blob back, so every file we write is checked by protobuf).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from keras_cct.caffe import proto
+from keras_cct.caffe.prototxt import (blob_shape, read_caffemodel, _atomic_write)
+from keras_cct.errors import CaffeFormatError
+
+PathLike = Union[str, os.PathLike]
+
+__all__ = ["keras_name", "caffe_name", "caffe_type_of", "layer_blobs_to_keras",
+           "keras_layer_to_blobs", "expected_blob_shapes", "blob_array", "load_weights",
+           "save_weights", "WEIGHTED_TYPES"]
+
+WEIGHTED_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "PReLU", "BatchNorm",
+                  "Scale", "Bias")
+
+
+def keras_name(name: str) -> str:
+    """The Keras layer name of a Caffe layer/blob name (Keras forbids ``/``: it becomes
+    ``__``)."""
+    return name.replace("/", "__")
+
+
+def caffe_name(name: str) -> str:
+    """Inverse of :func:`keras_name`."""
+    return name.replace("__", "/")
+
+
+# --------------------------------------------------------------------------------------------
+# Fast blob payloads
+
+
+def _varint(buf: bytes, pos: int) -> Tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def blob_array(blob, *, path: Optional[str] = None, layer: Optional[str] = None) -> np.ndarray:
+    """The values of a ``BlobProto`` as a float32 numpy array of its (possibly legacy) shape."""
+    shape = blob_shape(blob)
+    values = None
+    if not len(blob.double_data):
+        raw = blob.SerializeToString()
+        chunks = []
+        pos, n = 0, len(raw)
+        ok = True
+        while pos < n:
+            key, pos = _varint(raw, pos)
+            field, wire = key >> 3, key & 7
+            if wire == 2:
+                length, pos = _varint(raw, pos)
+                if field == 5:
+                    chunks.append(np.frombuffer(raw, dtype="<f4", count=length // 4,
+                                                offset=pos))
+                pos += length
+            elif wire == 0:
+                _, pos = _varint(raw, pos)
+            elif wire == 5:
+                if field == 5:
+                    ok = False
+                    break
+                pos += 4
+            elif wire == 1:
+                pos += 8
+            else:
+                ok = False
+                break
+        if ok:
+            values = (np.concatenate(chunks) if len(chunks) > 1 else
+                      chunks[0] if chunks else np.zeros((0,), np.float32))
+    if values is None:
+        values = (np.asarray(blob.double_data, np.float64) if len(blob.double_data)
+                  else np.asarray(blob.data, np.float32))
+    size = int(np.prod(shape)) if len(shape) else 1
+    if values.size != size:
+        raise CaffeFormatError(f"blob of shape {shape} holds {values.size} values, expected "
+                               f"{size}", path=path, layer=layer,
+                               hint="the caffemodel is corrupt")
+    return values.astype(np.float32, copy=False).reshape(shape)
+
+
+def _blob_from_array(array: np.ndarray):
+    """A BlobProto (``shape`` + packed float ``data``), built by protobuf from wire bytes."""
+    arr = np.ascontiguousarray(np.asarray(array, dtype="<f4"))
+    shape = proto.BlobShape()
+    shape.dim.extend(int(d) for d in arr.shape)
+    shape_bytes = shape.SerializeToString()
+    payload = arr.tobytes()
+    wire = (b"\x3a" + _encode_varint(len(shape_bytes)) + shape_bytes  # field 7, shape
+            + b"\x2a" + _encode_varint(len(payload)) + payload)      # field 5, packed data
+    return proto.BlobProto.FromString(wire)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-layer conversions
+
+
+def caffe_type_of(layer) -> Optional[str]:
+    """The Caffe type a Keras layer imports/exports as (``None``: no weights to convert)."""
+    from keras_cct.layers import caffe_layers as cl
+    cls = type(layer).__name__
+    table = {"HybridConv2D": "Convolution", "Conv2D": "Convolution",
+             "CaffeDeconvolution": "Deconvolution", "CaffeInnerProduct": "InnerProduct",
+             "CaffePReLU": "PReLU", "CaffeBatchNorm": "BatchNorm", "CaffeScale": "Scale",
+             "CaffeBias": "Bias"}
+    del cl
+    t = table.get(cls)
+    if t is None or not layer.weights:
+        return None
+    return t
+
+
+def expected_blob_shapes(layer, *, transpose: bool = False) -> List[Tuple[int, ...]]:
+    """Caffe blob shapes of a built Keras layer's variables, in Caffe's blob order."""
+    t = caffe_type_of(layer)
+    shapes = [tuple(int(d) for d in v.shape) for v in layer.weights]
+    if t == "Convolution":
+        kh, kw, cg, o = shapes[0]
+        return [(o, cg, kh, kw)] + shapes[1:]
+    if t == "Deconvolution":
+        kh, kw, og, ci = shapes[0]
+        return [(ci, og, kh, kw)] + shapes[1:]
+    if t == "InnerProduct":
+        k, o = shapes[0]
+        return [(k, o) if transpose else (o, k)] + shapes[1:]
+    return shapes
+
+
+def layer_blobs_to_keras(layer, arrays: Sequence[np.ndarray], *, transpose: bool = False
+                         ) -> List[np.ndarray]:
+    """Caffe blob arrays (already checked against :func:`expected_blob_shapes`) -> the values
+    for ``layer.set_weights``."""
+    t = caffe_type_of(layer)
+    exp = expected_blob_shapes(layer, transpose=transpose)
+    arrays = [np.asarray(a, np.float32).reshape(s) for a, s in zip(arrays, exp)]
+    if t in ("Convolution", "Deconvolution"):
+        arrays[0] = np.transpose(arrays[0], (2, 3, 1, 0))
+    elif t == "InnerProduct" and not transpose:
+        arrays[0] = arrays[0].T
+    return [np.ascontiguousarray(a) for a in arrays]
+
+
+def keras_layer_to_blobs(layer) -> List[np.ndarray]:
+    """A Keras layer's variables as Caffe blob arrays (Caffe shapes and layouts)."""
+    t = caffe_type_of(layer)
+    arrays = [np.asarray(w, np.float32) for w in layer.get_weights()]
+    if t in ("Convolution", "Deconvolution"):
+        arrays[0] = np.transpose(arrays[0], (3, 2, 0, 1))
+    elif t == "InnerProduct":
+        arrays[0] = arrays[0].T
+    return arrays
+
+
+def _shape_matches(found: Tuple[int, ...], expected: Tuple[int, ...], legacy: bool) -> bool:
+    if found == expected:
+        return True
+    if legacy and len(found) == 4 and len(expected) <= 4:
+        return found == (1,) * (4 - len(expected)) + tuple(expected)
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# load / save
+
+
+def _model_of(model_or_net):
+    return getattr(model_or_net, "model", model_or_net)
+
+
+def load_weights(model_or_net, caffemodel, strict: bool = True, *,
+                 net_param=None) -> List[str]:
+    """Load a .caffemodel into a model built by :func:`keras_cct.caffe.build_net`/`load_net`.
+
+    Layers are matched by name; caffemodel layers the model does not have (the TRAIN net's
+    data and loss layers, ...) are ignored. Every blob is checked (count and shape) before any
+    variable is assigned, so a failing call leaves the model unchanged.
+
+    Args:
+        model_or_net: a ``keras.Model`` or a ``CaffeNet``.
+        caffemodel: a path, or an already read ``NetParameter``.
+        strict: a model layer with weights but no blobs in the caffemodel is an error; with
+            ``strict=False`` it is a warning and the layer keeps its initial values.
+        net_param: the net's definition (for ``inner_product_param.transpose``); by default
+            the caffemodel's own layer parameters are used.
+
+    Returns:
+        The names of the Keras layers that were loaded.
+
+    Raises:
+        CaffeFormatError: unreadable caffemodel, blob count or shape mismatch (expected vs
+            found), missing weights in strict mode.
+    """
+    model = _model_of(model_or_net)
+    if isinstance(caffemodel, (str, os.PathLike)):
+        path = str(caffemodel)
+        weights = read_caffemodel(path)
+    else:
+        path = "<caffemodel>"
+        weights = caffemodel
+    by_name: Dict[str, object] = {}
+    for lp in weights.layer:
+        if len(lp.blobs) and keras_name(lp.name) not in by_name:
+            by_name[keras_name(lp.name)] = lp
+    defs: Dict[str, object] = {}
+    if net_param is not None:
+        for lp in net_param.layer:
+            defs.setdefault(keras_name(lp.name), lp)
+    plan = []
+    missing = []
+    for layer in model.layers:
+        t = caffe_type_of(layer)
+        if t is None:
+            continue
+        src = by_name.get(layer.name)
+        if src is None:
+            missing.append(layer.name)
+            continue
+        definition = defs.get(layer.name, src)
+        transpose = bool(t == "InnerProduct" and definition.HasField("inner_product_param")
+                         and definition.inner_product_param.transpose)
+        expected = expected_blob_shapes(layer, transpose=transpose)
+        cname = src.name
+        if len(src.blobs) != len(expected):
+            raise CaffeFormatError(
+                f"{t} layer has {len(src.blobs)} blobs in the caffemodel, the net expects "
+                f"{len(expected)} ({', '.join(str(s) for s in expected)})", path=path,
+                layer=cname, hint="check bias_term and that the prototxt matches the weights")
+        arrays = []
+        for i, (blob, exp) in enumerate(zip(src.blobs, expected)):
+            found = blob_shape(blob)
+            legacy = not blob.HasField("shape")
+            if not _shape_matches(found, exp, legacy):
+                raise CaffeFormatError(
+                    f"blob {i} has shape {found}, expected {exp}", path=path, layer=cname,
+                    hint="the prototxt does not match these weights (num_output, kernel "
+                         "size, group or input size differ)")
+            arrays.append(blob_array(blob, path=path, layer=cname))
+        plan.append((layer, layer_blobs_to_keras(layer, arrays, transpose=transpose)))
+    if missing:
+        msg = (f"{len(missing)} layer(s) need weights but the caffemodel has none for them: "
+               f"{', '.join(caffe_name(m) for m in missing)}")
+        if strict:
+            raise CaffeFormatError(msg, path=path, hint="use the caffemodel trained with this "
+                                   "net, or strict=False to keep their initial values")
+        warnings.warn(f"{path}: {msg}; they keep their initial values", stacklevel=2)
+    for layer, values in plan:
+        layer.set_weights(values)
+    return [layer.name for layer, _ in plan]
+
+
+def save_weights(model_or_net, path: PathLike, *, name: Optional[str] = None) -> int:
+    """Write the model's weighted layers as a .caffemodel (binary ``NetParameter``).
+
+    Each layer is written with its Caffe name, type and blobs (Caffe shapes and layouts); Caffe
+    and OpenCV match them by name with the .prototxt the model was imported from. The file is
+    written atomically (temporary file, then rename).
+
+    Returns:
+        The number of layers written.
+    """
+    model = _model_of(model_or_net)
+    net = proto.NetParameter(name=name or model.name)
+    count = 0
+    for layer in model.layers:
+        t = caffe_type_of(layer)
+        if t is None:
+            continue
+        lp = net.layer.add(name=caffe_name(layer.name), type=t)
+        for arr in keras_layer_to_blobs(layer):
+            lp.blobs.add().CopyFrom(_blob_from_array(arr))
+        count += 1
+    _atomic_write(str(path), net.SerializeToString())
+    return count
