@@ -133,10 +133,13 @@ def opencl_platforms(*, refresh: bool = False) -> dict:
     with _DISCOVERY_LOCK:
         if _OPENCL_CACHE is None or refresh:
             from keras_cct.devices.opencl.client import client_for
+            discovery = client_for(None)
             try:
-                _OPENCL_CACHE = client_for(None).request("list", probe=True)
+                _OPENCL_CACHE = discovery.request("list", probe=True)
             except KerasCCTError as exc:
                 _OPENCL_CACHE = {"platforms": [], "error": str(exc)}
+            finally:
+                discovery.stop()  # only needed once
         return _OPENCL_CACHE
 
 

@@ -71,11 +71,19 @@ def conv2d_on(device: str, x, kernel, bias=None, *, strides=1, padding: PaddingA
     k_shape = tuple(int(d) for d in kernel.shape)
     geom = conv_geometry(x_shape, k_shape, strides=strides, padding=padding,
                          dilation_rate=dilation_rate, groups=groups)
+    from keras_cct.devices.opencl.conv import LOWERINGS
+    if lowering not in ("auto",) + LOWERINGS:
+        raise LoweringError(f"`lowering`={lowering!r} is not available on OpenCL devices; use "
+                            f"'auto' or one of {LOWERINGS}")
     if bias is not None and tuple(int(d) for d in bias.shape) != (geom.filters,):
         raise LoweringError(f"`bias` must have shape ({geom.filters},), got {tuple(bias.shape)}")
+    import keras
+    x = keras.ops.convert_to_tensor(x)
+    kernel = keras.ops.convert_to_tensor(kernel)
+    if bias is not None:
+        bias = keras.ops.convert_to_tensor(bias)
     cfg = (device, _canon(strides), _canon(padding), _canon(dilation_rate), int(groups),
            str(lowering))
-    import keras
     backend = keras.backend.backend()
     if backend == "tensorflow":
         return _tf_conv(cfg, x, kernel, bias, geom)

@@ -1,0 +1,87 @@
+"""The OpenCL kernels (SGEMM, Type 1 and Type 3 convolutions, forward and backward) against the
+float64 numpy reference of tests/reference.py, on random shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from keras_cct.devices.opencl import conv2d_backward, conv2d_forward, sgemm
+from tests import reference as R
+
+pytestmark = pytest.mark.opencl
+TOL = 1e-5
+
+# (batch, h, w, c), (kh, kw, o), strides, padding, dilation, groups
+CASES = [
+    ((2, 7, 9, 3), (3, 3, 5), 1, "valid", 1, 1),
+    ((1, 8, 8, 4), (1, 1, 8), 1, "valid", 1, 1),
+    ((3, 9, 11, 6), (3, 2, 12), 2, "same", 1, 2),
+    ((2, 10, 9, 6), (2, 3, 9), (1, 3), ((1, 2), (0, 3)), (2, 1), 3),
+    ((2, 13, 12, 4), (5, 5, 4), 3, 2, 1, 4),           # depthwise, stride 3, padding 2
+    ((1, 12, 12, 8), (3, 3, 40), 1, "same", 2, 2),     # dilation 2, wide GEMM (edge + vector)
+    ((2, 15, 15, 3), (11, 11, 16), 4, 0, 1, 1),        # CaffeNet conv1-like
+    ((1, 6, 7, 2), (2, 2, 3), (2, 1), ((0, 1), (2, 0)), 1, 1),  # asymmetric padding, odd sizes
+]
+
+
+def _data(case, seed):
+    (n, h, w, c), (kh, kw, o), strides, padding, dilation, groups = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    k = rng.standard_normal((kh, kw, c // groups, o)).astype(np.float32)
+    b = rng.standard_normal((o,)).astype(np.float32)
+    kwargs = dict(strides=strides, padding=padding, dilation_rate=dilation, groups=groups)
+    return x, k, b, kwargs
+
+
+@pytest.mark.parametrize("lowering", ["type1", "type3"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_conv_forward_backward_matches_reference(opencl_device, case, lowering):
+    x, k, b, kw = _data(CASES[case], case)
+    ref_args = (kw["strides"], kw["padding"], kw["dilation_rate"], kw["groups"])
+    y = conv2d_forward(opencl_device, x, k, b, lowering=lowering, **kw)
+    ref = R.conv2d(x, k, b, *ref_args)
+    assert y.shape == ref.shape
+    assert R.rel_err(y, ref) <= TOL
+    dy = np.random.default_rng(100 + case).standard_normal(ref.shape).astype(np.float32)
+    dx, dk, db = conv2d_backward(opencl_device, x, k, dy, lowering=lowering, **kw)
+    rdx, rdk, rdb = R.conv2d_grads(x, k, dy, *ref_args)
+    assert R.rel_err(dx, rdx) <= TOL
+    assert R.rel_err(dk, rdk) <= TOL
+    assert R.rel_err(db, rdb) <= TOL
+
+
+def test_batch_partitions_give_the_same_result(opencl_device, monkeypatch):
+    """Several batch partitions (dW and db accumulated across them) equal one partition."""
+    import keras_cct.devices.opencl.conv as conv
+    x, k, b, kw = _data(((5, 9, 9, 4), (3, 3, 6), 1, 1, 1, 2), 7)
+    dy = np.random.default_rng(8).standard_normal((5, 9, 9, 6)).astype(np.float32)
+    ref = R.conv2d(x, k, b, 1, 1, 1, 2)
+    rdx, rdk, rdb = R.conv2d_grads(x, k, dy, 1, 1, 1, 2)
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 1)  # one image per partition
+    for lowering in ("type1", "type3"):
+        assert R.rel_err(conv2d_forward(opencl_device, x, k, b, lowering=lowering, **kw),
+                         ref) <= TOL
+        dx, dk, db = conv2d_backward(opencl_device, x, k, dy, lowering=lowering, **kw)
+        assert max(R.rel_err(dx, rdx), R.rel_err(dk, rdk), R.rel_err(db, rdb)) <= TOL
+
+
+def test_no_bias(opencl_device):
+    x, k, _, kw = _data(CASES[2], 3)
+    y = conv2d_forward(opencl_device, x, k, None, **kw)
+    assert R.rel_err(y, R.conv2d(x, k, None, 2, "same", 1, 2)) <= TOL
+    dy = np.ones_like(y)
+    dx, dk, db = conv2d_backward(opencl_device, x, k, dy, with_bias=False, **kw)
+    assert db is None
+    assert R.rel_err(dk, R.conv2d_grads(x, k, dy, 2, "same", 1, 2)[1]) <= TOL
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 48, 96), (37, 19, 45), (8, 1, 32), (130, 257, 33)])
+@pytest.mark.parametrize("trans_a", [False, True])
+def test_sgemm_matches_numpy(opencl_device, m, k, n, trans_a):
+    rng = np.random.default_rng(m * n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = sgemm(opencl_device, np.ascontiguousarray(a.T) if trans_a else a, b, trans_a=trans_a)
+    assert R.rel_err(c, a.astype(np.float64) @ b) <= TOL

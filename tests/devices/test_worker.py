@@ -1,0 +1,153 @@
+"""The OpenCL worker process: isolation from TensorFlow, restart after SIGKILL, typed errors that
+leave it usable, per-device environment, clean exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from keras_cct.devices.opencl import client_for, conv2d_forward
+from keras_cct.devices.opencl.client import WorkerClient, parse_opencl_name
+from keras_cct.errors import DeviceError, LoweringError, OpenCLError, WorkerError
+from tests import reference as R
+
+pytestmark = pytest.mark.opencl
+
+
+def _small(seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((2, 6, 6, 3)).astype(np.float32),
+            rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
+
+
+def _check_conv(device):
+    x, k = _small()
+    assert R.rel_err(conv2d_forward(device, x, k, padding=1), R.conv2d(x, k, None, 1, 1)) <= 1e-5
+
+
+def test_worker_never_imports_tensorflow_or_keras(opencl_device):
+    _check_conv(opencl_device)  # the worker has run kernels
+    modules = client_for(opencl_device).request("modules")
+    heavy = [m for m in modules if m.split(".")[0] in ("tensorflow", "keras", "keras_cct", "jax",
+                                                        "torch")]
+    assert heavy == []
+    assert "pyopencl" in modules
+
+
+def test_sigkill_between_calls_restarts_transparently(opencl_device):
+    client = client_for(opencl_device)
+    _check_conv(opencl_device)
+    pid = client.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    _check_conv(opencl_device)
+    assert client.pid not in (None, pid)
+
+
+def test_sigkill_before_the_death_is_noticed(opencl_device):
+    """The kill races the next request: the client still retries on a fresh worker."""
+    client = client_for(opencl_device)
+    _check_conv(opencl_device)
+    os.kill(client.pid, signal.SIGKILL)
+    _check_conv(opencl_device)
+
+
+def test_worker_dying_during_a_request_raises_worker_error(opencl_device):
+    client = WorkerClient(parse_opencl_name(opencl_device), name=opencl_device)
+    try:
+        with pytest.raises(WorkerError, match="died"):
+            client.request("crash")  # dies on both attempts
+        assert client.request("ping") > 0  # and comes back on the next call
+    finally:
+        client.stop()
+
+
+def test_bad_dtype_is_a_clear_error_and_the_worker_survives(opencl_device):
+    _check_conv(opencl_device)
+    pid = client_for(opencl_device).pid
+    x, k = _small()
+    with pytest.raises(DeviceError, match="float32"):
+        conv2d_forward(opencl_device, x.astype(np.float64), k)
+    with pytest.raises(LoweringError, match="groups"):
+        conv2d_forward(opencl_device, x, k, groups=2)
+    _check_conv(opencl_device)
+    assert client_for(opencl_device).pid == pid
+
+
+def test_request_rejected_inside_the_worker_leaves_it_usable(opencl_device):
+    _check_conv(opencl_device)
+    client = client_for(opencl_device)
+    pid = client.pid
+    x, k = _small()
+    g = {"N": 2, "H": 6, "W": 6, "C": 3, "F": 4, "kh": 3, "kw": 3, "groups": 1, "sh": 1,
+         "sw": 1, "dh": 1, "dw": 1, "pt": 0, "pl": 0, "oh": 4, "ow": 4}
+    with pytest.raises(DeviceError, match="lies outside the arena"):  # x claims a huge batch
+        client.call("conv_forward", {"x": x, "w": k}, {"y": ((2, 4, 4, 4), np.float32)},
+                    g=dict(g, N=10 ** 6), lowering="type1")
+    with pytest.raises(DeviceError, match="lowering"):
+        client.call("conv_forward", {"x": x, "w": k}, {"y": ((2, 4, 4, 4), np.float32)},
+                    g=g, lowering="type9")
+    _check_conv(opencl_device)
+    assert client.pid == pid
+
+
+def test_kernel_build_error_carries_the_build_log(opencl_device):
+    client = client_for(opencl_device)
+    with pytest.raises(OpenCLError) as info:
+        client.request("build", source="__kernel void broken(__global float *a) "
+                                       "{ a[0] = undefined_symbol_xyz; }")
+    assert "undefined_symbol_xyz" in str(info.value)
+    assert opencl_device in str(info.value)
+    assert client.request("build", source="__kernel void fine(__global float *a) "
+                                          "{ a[0] = 1.0f; }") == ["fine"]
+    _check_conv(opencl_device)
+
+
+def test_bad_device_names():
+    with pytest.raises(DeviceError, match="opencl:P:D"):
+        parse_opencl_name("opencl:zero")
+    with pytest.raises(DeviceError, match="no OpenCL platform"):
+        client_for("opencl:99:0").request("info")
+
+
+def test_worker_environment_is_configurable(opencl_device):
+    """POCL_MAX_PTHREAD_COUNT in a worker's environment limits PoCL's threads (compute units)."""
+    name = opencl_device
+    info = client_for(name).request("info")
+    if "Portable Computing Language" not in info["platform"]:
+        pytest.skip("POCL_MAX_PTHREAD_COUNT only applies to PoCL")
+    client = WorkerClient(parse_opencl_name(name), {"POCL_MAX_PTHREAD_COUNT": "1"}, name=name)
+    try:
+        assert client.request("info")["compute_units"] == 1
+        pid = client.pid
+        client.set_env({})
+        assert client.request("info")["compute_units"] == info["compute_units"]
+        assert client.pid != pid
+    finally:
+        client.stop()
+
+
+def test_worker_stops_when_the_interpreter_exits(opencl_device, tmp_path):
+    code = ("import numpy as np\n"
+            "from keras_cct.devices.opencl import client_for\n"
+            f"c = client_for({opencl_device!r})\n"
+            "print(c.request('ping'), flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"worker {pid} still runs after its parent exited")
