@@ -1,0 +1,626 @@
+"""Caffe's training loop on Keras: ``Solver`` (step, test, snapshot, restore, solve).
+
+:class:`Solver` reproduces ``caffe::Solver``: it builds the TRAIN net and one TEST net per
+``test_iter`` entry (``test_state`` stages) from the solver's net, feeds them from their data
+layers (:mod:`keras_cct.caffe.data`), optimizes with :class:`~keras_cct.caffe.solver.
+CaffeOptimizer` (Caffe's exact update rules, ``lr_mult``/``decay_mult`` from each layer's
+``param {}``), and logs Caffe's lines::
+
+    Iteration 100 (52.1 iter/s, 1.92s/100 iters), loss = 0.2143
+        Train net output #0: loss = 0.1987 (* 1 = 0.1987 loss)
+    Iteration 100, lr = 0.00992565
+    Iteration 500, Testing net (#0)
+        Test net output #0: accuracy = 0.9812
+        Test net output #1: loss = 0.0593 (* 1 = 0.0593 loss)
+    Snapshotting to binary proto file lenet_iter_500.caffemodel
+    Snapshotting solver state to binary proto file lenet_iter_500.solverstate
+
+Snapshots are Caffe's own files: ``PREFIX_iter_N.caffemodel`` (a binary ``NetParameter``, read by
+Caffe and OpenCV) and ``PREFIX_iter_N.solverstate`` (``SolverState``: iteration, learned_net,
+current_step, one history blob per learnable blob in Caffe's layout, then AdaDelta's/Adam's second
+set). Both are written to a temporary file, flushed, then renamed, so an interrupted snapshot
+leaves the previous one intact. Restoring loads the weights and the history and fast-forwards
+the data sources, so a resumed run follows the same trajectory as an uninterrupted one (nets with
+Dropout excepted: Keras' dropout random state is not part of Caffe's solverstate).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import keras
+import numpy as np
+
+from keras_cct.caffe import proto
+from keras_cct.caffe.data import DataSource, merge_batches, net_data_sources, resolve_path
+from keras_cct.caffe.losses import HEAD_TYPES, LOSS_TYPES, head_value
+from keras_cct.caffe.solver import CaffeOptimizer, SolverConfig, solver_config
+from keras_cct.errors import CaffeFormatError
+
+__all__ = ["Solver", "Head", "CaffeTrainModel", "write_solverstate", "read_solverstate",
+           "snapshot_filename"]
+
+
+@dataclass
+class Head:
+    """A loss or metric layer evaluated outside the Keras model.
+
+    Attributes:
+        name: the Caffe layer name; type: ``SoftmaxWithLoss``, ``EuclideanLoss`` or
+        ``Accuracy``; bottoms: the blobs it reads; top: the blob it writes; loss_weight: its
+        weight in the total loss (Caffe: 1 for loss layers, 0 otherwise, unless set);
+        param: its ``LayerParameter``.
+    """
+
+    name: str
+    type: str
+    bottoms: List[str]
+    top: str
+    loss_weight: float
+    param: object = None
+
+
+def heads_of(net_param) -> List[Head]:
+    """The loss/metric layers of a phase-filtered ``NetParameter``, in net order."""
+    heads = []
+    for lp in net_param.layer:
+        if lp.type in HEAD_TYPES:
+            default = 1.0 if lp.type in LOSS_TYPES else 0.0
+            weight = float(lp.loss_weight[0]) if len(lp.loss_weight) else default
+            top = lp.top[0] if len(lp.top) else lp.name
+            heads.append(Head(lp.name, lp.type, list(lp.bottom), top, weight, lp))
+    return heads
+
+
+def _as_head(h) -> Head:
+    if isinstance(h, Head):
+        return h
+    param = getattr(h, "layer_param", None) or getattr(h, "param", None)
+    tops = list(getattr(h, "tops", None) or [getattr(h, "top", None) or h.name])
+    return Head(h.name, h.type, list(h.bottoms), tops[0], float(h.loss_weight), param)
+
+
+class CaffeTrainModel(keras.Model):
+    """A Keras model that runs an imported net and computes its Caffe loss and metric heads.
+
+    ``call`` returns ``{blob: tensor}`` for the net's outputs; ``compute_loss`` evaluates every
+    head on those blobs and the input blobs (labels) and returns ``sum(loss_weight * value)``,
+    recording each head's value as a metric named ``out_<k>``. Works with ``train_on_batch``
+    on every Keras backend.
+
+    Args:
+        model: the functional net (inputs named by their Caffe blobs).
+        heads: the :class:`Head` list.
+        output_blobs: the blob name of each model output, in order.
+    """
+
+    def __init__(self, model: keras.Model, heads: Sequence[Head], output_blobs: Sequence[str],
+                 input_blobs: Optional[Sequence[str]] = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.net = model
+        self.heads = [_as_head(h) for h in heads]
+        self.output_blobs = list(output_blobs)
+        self.input_blobs = list(input_blobs) if input_blobs is not None else [
+            t._keras_history[0].name if hasattr(t, "_keras_history") else t.name
+            for t in model.inputs]
+        self.head_metrics = [keras.metrics.Mean(name=f"out_{i}")
+                             for i in range(len(self.heads))]
+
+    def call(self, inputs, training=False):
+        feed = [inputs[name] for name in self.input_blobs]
+        outs = self.net(feed if len(feed) > 1 else feed[0], training=training)
+        if isinstance(outs, dict):
+            return dict(outs)
+        if not isinstance(outs, (list, tuple)):
+            outs = [outs]
+        return dict(zip(self.output_blobs, outs))
+
+    def head_values(self, x, y_pred) -> List:
+        blobs = dict(x)
+        blobs.update(y_pred)
+        values = []
+        for h in self.heads:
+            missing = [b for b in h.bottoms if b not in blobs]
+            if missing:
+                raise CaffeFormatError(f"bottom blob(s) {missing} of the {h.type} layer are "
+                                       f"neither net outputs nor inputs", layer=h.name)
+            values.append(head_value(h.type, h.param, [blobs[b] for b in h.bottoms]))
+        return values
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        values = self.head_values(x, y_pred)
+        total = 0.0
+        for h, v, m in zip(self.heads, values, self.head_metrics):
+            m.update_state(v)
+            if h.loss_weight:
+                total = total + h.loss_weight * v
+        return total
+
+
+# ----------------------------------------------------------------------------------------------
+# Snapshots
+
+
+def snapshot_filename(prefix: str, it: int, ext: str) -> str:
+    """Caffe's ``PREFIX_iter_N.ext``."""
+    return f"{prefix}_iter_{it}{ext}"
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_solverstate(path: str, *, it: int, learned_net: str, history: Sequence[np.ndarray],
+                      current_step: int = 0) -> None:
+    """Write a Caffe ``SolverState`` (history blobs in Caffe's shapes) atomically."""
+    from keras_cct.caffe.prototxt import array_to_blob
+    state = proto.SolverState(iter=int(it), learned_net=learned_net,
+                              current_step=int(current_step))
+    for arr in history:
+        array_to_blob(arr, blob=state.history.add())
+    _atomic_write(path, state.SerializeToString())
+
+
+def read_solverstate(path: str):
+    """Read a ``.solverstate`` file (a ``SolverState``).
+
+    Raises:
+        CaffeFormatError: missing, truncated or not a SolverState.
+    """
+    from google.protobuf import message as pb_message
+    path = str(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise CaffeFormatError(f"cannot read the solver state: {exc.strerror}", path=path,
+                               hint="check the --snapshot path") from None
+    state = proto.SolverState()
+    try:
+        state.ParseFromString(data)
+    except pb_message.DecodeError:
+        raise CaffeFormatError("not a valid solverstate (protobuf decoding failed)", path=path,
+                               hint="the file is truncated or is not a Caffe SolverState"
+                               ) from None
+    if not state.HasField("iter"):
+        raise CaffeFormatError("the solverstate has no iteration", path=path,
+                               hint="the file is not a Caffe SolverState")
+    return state
+
+
+# ----------------------------------------------------------------------------------------------
+# Nets
+
+
+def _input_blobs(net) -> List[str]:
+    names = getattr(net, "inputs", None)
+    if isinstance(names, dict) and len(names) == len(net.model.inputs):
+        return list(names)
+    return [t._keras_history[0].name if hasattr(t, "_keras_history") else t.name
+            for t in net.model.inputs]
+
+
+def _output_blobs(net) -> List[str]:
+    for attr in ("output_blobs", "outputs", "output_names"):
+        names = getattr(net, attr, None)
+        if names:
+            names = list(names.keys()) if isinstance(names, dict) else list(names)
+            if all(isinstance(n, str) for n in names):
+                return names
+    return list(net.model.output_names)
+
+
+def _caffe_params(model) -> List[Tuple[object, List]]:
+    """``[(layer, [variables])]`` of the layers with Caffe blobs, in Caffe's blob order."""
+    from keras_cct.caffe.weights import caffe_type_of
+    out = []
+    for layer in model.layers:
+        if caffe_type_of(layer) is not None:
+            out.append((layer, list(layer.weights)))
+    return out
+
+
+def _to_caffe_layout(layer, arrays: List[np.ndarray]) -> List[np.ndarray]:
+    """Keras-layout arrays of a layer's variables -> Caffe blob layout (as save_weights)."""
+    from keras_cct.caffe.weights import caffe_type_of
+    t = caffe_type_of(layer)
+    arrays = [np.asarray(a, np.float32) for a in arrays]
+    if t in ("Convolution", "Deconvolution"):
+        arrays[0] = np.transpose(arrays[0], (3, 2, 0, 1))
+    elif t == "InnerProduct":
+        arrays[0] = arrays[0].T
+    return arrays
+
+
+class Solver:
+    """Caffe's solver over Keras models.
+
+    Args:
+        config: a :class:`~keras_cct.caffe.solver.SolverConfig` (see ``read_solver``) or a
+            ``SolverParameter``.
+        weights: a .caffemodel to start from (``caffe train --weights``).
+        arrays: ``{blob: array}`` replacing the TRAIN net's data layers (MemoryData/Input nets,
+            tests); ``test_arrays`` likewise for the test nets (one dict for all).
+        build: the net builder, ``build(net_param, phase=, stages=, input_shapes=)`` ->
+            an object with ``model`` (default :func:`keras_cct.caffe.build_net`).
+        log: where log lines go (default: print to stdout).
+        progress: show a tqdm progress bar between display lines.
+    """
+
+    def __init__(self, config, *, weights: Optional[str] = None,
+                 arrays: Optional[Mapping[str, np.ndarray]] = None,
+                 test_arrays: Optional[Mapping[str, np.ndarray]] = None,
+                 build: Optional[Callable] = None, log: Optional[Callable[[str], None]] = None,
+                 progress: bool = False, snapshot_prefix: Optional[str] = None) -> None:
+        if not isinstance(config, SolverConfig):
+            config = solver_config(config)
+        self.config = config
+        self.param = p = config.param
+        self.path = config.path
+        self.log = log or (lambda s: print(s, flush=True))
+        self.progress = progress
+        self.iter = 0
+        if p.random_seed >= 0:
+            keras.utils.set_random_seed(int(p.random_seed))
+        self._seed = int(p.random_seed) if p.random_seed >= 0 else None
+        if build is None:
+            from keras_cct.caffe import build_net as build
+        self._build = build
+        self.net_param = self._read_net_param()
+        self.snapshot_prefix = snapshot_prefix or p.snapshot_prefix or (
+            os.path.splitext(self.path)[0] if self.path else "snapshot")
+
+        # TRAIN net and its data
+        self.train_param = self._filter(self.net_param, "TRAIN", list(p.train_state.stage))
+        self.train_sources = net_data_sources(self.train_param, phase="TRAIN",
+                                              base_dirs=config.base_dirs, seed=self._seed,
+                                              arrays=arrays)
+        self.train_net = self._build_net(self.train_param, "TRAIN",
+                                         list(p.train_state.stage), self.train_sources)
+        self.train_model = CaffeTrainModel(self.train_net.model, self._heads(self.train_net,
+                                           self.train_param), _output_blobs(self.train_net),
+                                           _input_blobs(self.train_net), name="train_net")
+        # TEST nets
+        self.test_params, self.test_sources, self.test_nets = [], [], []
+        n_tests = len(p.test_iter)
+        for i in range(n_tests):
+            stages = list(p.test_state[i].stage) if i < len(p.test_state) else []
+            tp = self._filter(self.net_param, "TEST", stages)
+            srcs = net_data_sources(tp, phase="TEST", base_dirs=config.base_dirs,
+                                    seed=self._seed, arrays=test_arrays)
+            tnet = self._build_net(tp, "TEST", stages, srcs)
+            self.test_params.append(tp)
+            self.test_sources.append(srcs)
+            self.test_nets.append(CaffeTrainModel(tnet.model, self._heads(tnet, tp),
+                                                  _output_blobs(tnet), _input_blobs(tnet),
+                                                  name=f"test_net_{i}"))
+        if weights:
+            self.load_weights(weights)
+
+        # optimizer
+        specs = self._param_specs()
+        self.optimizer: CaffeOptimizer = config.optimizer(specs)
+        self.schedule = config.schedule()
+        self.train_model.compile(optimizer=self.optimizer, jit_compile="auto")
+        self.optimizer.build(self.train_model.trainable_variables)
+        self._batches = merge_batches(self.train_sources)
+        self._losses: List[float] = []
+        self.smoothed_loss = 0.0
+        self.images_per_second = 0.0
+        self.train_seconds = 0.0
+
+    # -- construction helpers -----------------------------------------------------------------
+    def _read_net_param(self):
+        from keras_cct.caffe.prototxt import read_net, upgrade_net
+        p = self.param
+        if self.config.net_path:
+            return read_net(self.config.net_path)
+        net = proto.NetParameter()
+        net.CopyFrom(p.net_param if p.HasField("net_param") else p.train_net_param)
+        upgrade_net(net, path=self.path or "<solver>")
+        return net
+
+    @staticmethod
+    def _filter(net_param, phase: str, stages: List[str]):
+        from keras_cct.caffe.prototxt import filter_net
+        return filter_net(net_param, phase=phase, stages=stages)
+
+    def _build_net(self, net_param, phase, stages, sources: Sequence[DataSource]):
+        shapes = {}
+        for s in sources:
+            for top, shp in s.shapes.items():
+                shp = tuple(shp)
+                if len(shp) == 3:  # channels-last image -> Caffe's (N, C, H, W)
+                    shp = (shp[2], shp[0], shp[1])
+                shapes[top] = (s.batch_size,) + shp
+        return self._build(net_param, phase=phase, stages=tuple(stages), input_shapes=shapes)
+
+    def _heads(self, net, net_param) -> List[Head]:
+        heads = getattr(net, "heads", None)
+        if heads:
+            return [_as_head(h) for h in heads]
+        return heads_of(net_param)
+
+    def _param_specs(self) -> Dict[str, Tuple[float, float]]:
+        """``{variable.path: (lr_mult, decay_mult)}`` from each layer's ``param {}``."""
+        from keras_cct.caffe.weights import keras_name
+        by_name = {keras_name(lp.name): lp for lp in self.train_param.layer}
+        specs = {}
+        for layer, variables in _caffe_params(self.train_model.net):
+            lp = by_name.get(layer.name)
+            if lp is None:
+                continue
+            for i, v in enumerate(variables):
+                if i < len(lp.param):
+                    specs[v.path] = (float(lp.param[i].lr_mult), float(lp.param[i].decay_mult))
+        return specs
+
+    # -- weights ------------------------------------------------------------------------------
+    def load_weights(self, path: str) -> None:
+        """Load a .caffemodel into the train net (the test nets share it at each test)."""
+        from keras_cct.caffe.weights import load_weights
+        load_weights(self.train_net.model, path, strict=False, net_param=self.train_param)
+
+    def _share_weights(self, test_model: CaffeTrainModel) -> None:
+        src = {l.name: l for l in self.train_model.net.layers if l.weights}
+        for layer in test_model.net.layers:
+            if layer.weights and layer.name in src:
+                for dst, s in zip(layer.weights, src[layer.name].weights):
+                    dst.assign(s.value)
+
+    # -- history <-> Caffe blobs -------------------------------------------------------------
+    def _slot_of(self) -> Dict[int, int]:
+        return {id(v): i for i, v in enumerate(self.train_model.trainable_variables)}
+
+    def history_blobs(self) -> List[np.ndarray]:
+        """The optimizer history as Caffe's ``history_`` blobs (Caffe layout and order)."""
+        slots = self._slot_of()
+        sets = [self.optimizer.history]
+        if self.optimizer.has_update_history:
+            sets.append(self.optimizer.update_history)
+        out = []
+        for hist in sets:
+            for layer, variables in _caffe_params(self.train_model.net):
+                arrays = []
+                for v in variables:
+                    i = slots.get(id(v))
+                    arrays.append(np.zeros(v.shape, np.float32) if i is None else
+                                  keras.ops.convert_to_numpy(hist[i]))
+                out.extend(_to_caffe_layout(layer, arrays))
+        return out
+
+    def set_history_blobs(self, blobs: Sequence[np.ndarray], *, path: Optional[str] = None
+                          ) -> None:
+        """Set the optimizer history from Caffe ``history_`` blobs (checked first)."""
+        from keras_cct.caffe.weights import expected_blob_shapes, layer_blobs_to_keras
+        params = _caffe_params(self.train_model.net)
+        n = sum(len(v) for _, v in params)
+        sets = 2 if self.optimizer.has_update_history else 1
+        if len(blobs) != n * sets:
+            raise CaffeFormatError(
+                f"the solver state has {len(blobs)} history blobs; this net has {n} learnable "
+                f"blobs and the {self.optimizer.solver_type} solver keeps {sets} history "
+                f"blob(s) for each ({n * sets} expected)", path=path,
+                hint="resume with the net and solver type that wrote the snapshot")
+        slots = self._slot_of()
+        plan = []
+        k = 0
+        for s in range(sets):
+            hist = self.optimizer.history if s == 0 else self.optimizer.update_history
+            for layer, variables in params:
+                exp = expected_blob_shapes(layer)
+                got = []
+                for j, e in enumerate(exp):
+                    arr = np.asarray(blobs[k + j], np.float32)
+                    if arr.size != int(np.prod(e)) or (
+                            arr.shape != tuple(e) and arr.shape != (1,) * (4 - len(e)) + tuple(e)):
+                        raise CaffeFormatError(
+                            f"history blob {k + j} has shape {arr.shape}, the net's blob {j} "
+                            f"of layer '{layer.name}' is {tuple(e)}", path=path,
+                            hint="the snapshot was written by a different net")
+                    got.append(arr.reshape(e))
+                k += len(exp)
+                for v, value in zip(variables, layer_blobs_to_keras(layer, got)):
+                    i = slots.get(id(v))
+                    if i is not None:
+                        plan.append((hist[i], value))
+        for var, value in plan:
+            var.assign(value)
+
+    # -- snapshot / restore -------------------------------------------------------------------
+    def snapshot(self) -> Tuple[str, str]:
+        """Write ``PREFIX_iter_N.caffemodel`` and ``.solverstate`` (each atomically)."""
+        from keras_cct.caffe.weights import save_weights
+        model_file = snapshot_filename(self.snapshot_prefix, self.iter, ".caffemodel")
+        state_file = snapshot_filename(self.snapshot_prefix, self.iter, ".solverstate")
+        os.makedirs(os.path.dirname(os.path.abspath(model_file)), exist_ok=True)
+        self.log(f"Snapshotting to binary proto file {model_file}")
+        save_weights(self.train_net.model, model_file, name=self.net_param.name or None)
+        self.log(f"Snapshotting solver state to binary proto file {state_file}")
+        current_step = sum(1 for v in self.param.stepvalue if self.iter >= v)
+        write_solverstate(state_file, it=self.iter, learned_net=model_file,
+                          history=self.history_blobs(), current_step=current_step)
+        return model_file, state_file
+
+    def restore(self, state_path: str) -> None:
+        """Resume from a ``.solverstate``: its weights (``learned_net``), iteration and history;
+        the data sources are fast-forwarded to that iteration. Everything is checked before
+        anything changes."""
+        from keras_cct.caffe.weights import load_weights
+        state = read_solverstate(state_path)
+        self.log(f"Restoring previous solver status from {state_path}")
+        learned = None
+        if state.learned_net:
+            base = [os.path.dirname(os.path.abspath(state_path))]
+            learned = resolve_path(state.learned_net, base)
+            if not os.path.exists(learned):
+                raise CaffeFormatError(f"the weights it names ({state.learned_net}) were not "
+                                       f"found", path=state_path,
+                                       hint="put the .caffemodel beside the .solverstate")
+        from keras_cct.caffe.prototxt import blob_to_array
+        blobs = [blob_to_array(b) for b in state.history]
+        # validate history shapes before touching weights
+        backup = [keras.ops.convert_to_numpy(v) for v in self.optimizer.variables]
+        try:
+            self.set_history_blobs(blobs, path=state_path)
+            if learned:
+                load_weights(self.train_net.model, learned, strict=True,
+                             net_param=self.train_param)
+        except Exception:
+            for v, b in zip(self.optimizer.variables, backup):
+                v.assign(b)
+            raise
+        self.iter = int(state.iter)
+        iter_size = max(self.param.iter_size, 1)
+        self.optimizer._iterations.assign(self.iter * iter_size)
+        self._batches = merge_batches(self.train_sources)
+        for _ in range(self.iter * iter_size):
+            next(self._batches)
+
+    # -- training -----------------------------------------------------------------------------
+    def _train_batch(self) -> Dict[str, float]:
+        batch = next(self._batches)
+        t0 = time.perf_counter()
+        logs = self.train_model.train_on_batch(batch, return_dict=True)
+        self.train_seconds += time.perf_counter() - t0
+        return logs
+
+    def _output_lines(self, model: CaffeTrainModel, values: Sequence[float], kind: str
+                      ) -> List[str]:
+        lines = []
+        for i, (h, v) in enumerate(zip(model.heads, values)):
+            msg = f"    {kind} net output #{i}: {h.top} = {v:.6g}"
+            if h.loss_weight:
+                msg += f" (* {h.loss_weight:g} = {h.loss_weight * v:.6g} loss)"
+            lines.append(msg)
+        return lines
+
+    def step(self, iters: int) -> None:
+        """Run ``iters`` iterations (Caffe's ``Solver::Step``)."""
+        p = self.param
+        iter_size = max(p.iter_size, 1)
+        average_loss = max(p.average_loss, 1)
+        start_iter = self.iter
+        stop_iter = self.iter + iters
+        self._losses = []
+        self.smoothed_loss = 0.0
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=iters, leave=False, unit="iter", file=sys.stderr)
+        t_last, it_last = time.perf_counter(), self.iter
+        images = 0
+        seconds0 = self.train_seconds
+        batch_size = sum(s.batch_size for s in self.train_sources[:1]) or 1
+        while self.iter < stop_iter:
+            if p.test_interval and self.iter % p.test_interval == 0 and (
+                    self.iter > 0 or p.test_initialization):
+                self.test_all()
+            display = p.display and self.iter % p.display == 0
+            loss = 0.0
+            outs = None
+            for _ in range(iter_size):
+                logs = self._train_batch()
+                loss += float(logs["loss"])
+                vals = [float(logs[f"out_{k}"]) for k in range(len(self.train_model.heads))]
+                outs = vals if outs is None else [a + b for a, b in zip(outs, vals)]
+                images += batch_size
+            loss /= iter_size
+            outs = [o / iter_size for o in (outs or [])]
+            self._update_smoothed_loss(loss, start_iter, average_loss)
+            if display:
+                now = time.perf_counter()
+                lapse = now - t_last
+                n = self.iter - it_last
+                rate = f" ({n / lapse:.4g} iter/s, {lapse:.3g}s/{p.display} iters)" if n else ""
+                self.log(f"Iteration {self.iter}{rate}, loss = {self.smoothed_loss:.6g}")
+                for line in self._output_lines(self.train_model, outs, "Train"):
+                    self.log(line)
+                self.log(f"Iteration {self.iter}, lr = {self.schedule.rate(self.iter):.6g}")
+                t_last, it_last = now, self.iter
+            self.iter += 1
+            if bar is not None:
+                bar.update(1)
+            if p.snapshot and self.iter % p.snapshot == 0:
+                self.snapshot()
+        if bar is not None:
+            bar.close()
+        elapsed = self.train_seconds - seconds0
+        # training throughput: forward + backward + update, without data loading, tests and
+        # snapshots
+        self.images_per_second = images / elapsed if elapsed > 0 else 0.0
+
+    def _update_smoothed_loss(self, loss: float, start_iter: int, average_loss: int) -> None:
+        if len(self._losses) < average_loss:
+            self._losses.append(loss)
+            size = len(self._losses)
+            self.smoothed_loss = (self.smoothed_loss * (size - 1) + loss) / size
+        else:
+            idx = (self.iter - start_iter) % average_loss
+            self.smoothed_loss += (loss - self._losses[idx]) / average_loss
+            self._losses[idx] = loss
+
+    def test(self, index: int = 0) -> Dict[str, float]:
+        """Run test net ``index`` for its ``test_iter`` batches; returns ``{top: mean}`` and
+        logs Caffe's ``Test net output`` lines."""
+        p = self.param
+        model = self.test_nets[index]
+        self.log(f"Iteration {self.iter}, Testing net (#{index})")
+        self._share_weights(model)
+        batches = merge_batches(self.test_sources[index])
+        sums = np.zeros(len(model.heads))
+        n = int(p.test_iter[index])
+        loss = 0.0
+        for _ in range(n):
+            batch = next(batches)
+            feed = {k: batch[k] for k in model.input_blobs}
+            outs = model.net.predict_on_batch(feed if len(feed) > 1 else
+                                              next(iter(feed.values())))
+            if not isinstance(outs, (list, tuple, dict)):
+                outs = [outs]
+            y_pred = dict(outs) if isinstance(outs, dict) else dict(zip(model.output_blobs,
+                                                                        outs))
+            vals = [float(keras.ops.convert_to_numpy(v))
+                    for v in model.head_values(batch, y_pred)]
+            sums += vals
+            loss += sum(h.loss_weight * v for h, v in zip(model.heads, vals))
+        means = sums / max(n, 1)
+        if p.test_compute_loss:
+            self.log(f"Test loss: {loss / max(n, 1):.6g}")
+        for line in self._output_lines(model, means, "Test"):
+            self.log(line)
+        return {h.top: float(m) for h, m in zip(model.heads, means)}
+
+    def test_all(self) -> List[Dict[str, float]]:
+        """Run every test net (Caffe's ``TestAll``)."""
+        return [self.test(i) for i in range(len(self.test_nets))]
+
+    def solve(self, resume_file: Optional[str] = None) -> None:
+        """Train to ``max_iter`` (Caffe's ``Solver::Solve``), optionally resuming first."""
+        p = self.param
+        self.log(f"Solving {self.net_param.name}")
+        self.log(f"Learning Rate Policy: {self.config.lr_policy}")
+        if resume_file:
+            self.restore(resume_file)
+        self.step(max(p.max_iter - self.iter, 0))
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        self.log("Optimization Done.")
