@@ -11,6 +11,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
+if os.environ.get("KERAS_BACKEND") == "jax":
+    # float64 checks need x64; keras' own float32 default is unaffected.
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+
 
 def need_shared(*parts: str) -> Path:
     """Path under ../shared; skip (or fail under CI=true) when it is absent."""

@@ -1,0 +1,195 @@
+"""HybridConv2D against keras.layers.Conv2D (copied weights) and the float64 reference."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_cct import HybridConv2D
+from tests import reference as ref
+from tests.backend_grads import layer_grads, to_numpy
+
+LOWERINGS = ("type1", "type2", "type3", "native", "auto")
+
+# name: (input shape, Conv2D kwargs); explicit int/tuple padding is compared with
+# ZeroPadding2D + a valid Conv2D.
+CASES = {
+    # CaffeNet's five convolutions (batch 1): conv1 k11 s4, grouped conv2/4/5.
+    "caffenet_conv1": ((1, 227, 227, 3), dict(filters=96, kernel_size=11, strides=4)),
+    "caffenet_conv2": ((1, 27, 27, 96), dict(filters=256, kernel_size=5, padding=2, groups=2)),
+    "caffenet_conv3": ((1, 13, 13, 256), dict(filters=384, kernel_size=3, padding=1)),
+    "caffenet_conv4": ((1, 13, 13, 384), dict(filters=384, kernel_size=3, padding=1, groups=2)),
+    "caffenet_conv5": ((1, 13, 13, 384), dict(filters=256, kernel_size=3, padding=1, groups=2)),
+    "1x1": ((3, 6, 6, 16), dict(filters=8, kernel_size=1)),
+    "stride2_same_even": ((2, 10, 10, 4), dict(filters=6, kernel_size=3, strides=2,
+                                              padding="same")),
+    "stride3_valid_odd": ((2, 13, 11, 3), dict(filters=5, kernel_size=(3, 4), strides=3)),
+    "dilation2": ((2, 11, 11, 4), dict(filters=4, kernel_size=3, dilation_rate=2,
+                                       padding="same")),
+    "groups4": ((2, 8, 8, 8), dict(filters=12, kernel_size=3, groups=4, padding=(1, 2))),
+    "depthwise": ((2, 9, 9, 6), dict(filters=6, kernel_size=3, groups=6, padding="same")),
+    "batch1_explicit": ((1, 7, 9, 5), dict(filters=7, kernel_size=(2, 3), padding=1)),
+}
+
+
+def _reference_layer(shape, kw):
+    kw = dict(kw)
+    pad = kw.pop("padding", "valid")
+    conv = keras.layers.Conv2D(**kw, padding=pad if isinstance(pad, str) else "valid")
+    if isinstance(pad, str):
+        return conv, conv
+    pad_layer = keras.layers.ZeroPadding2D(pad)
+    model = keras.Sequential([keras.Input(shape[1:]), pad_layer, conv])
+    return model, conv
+
+
+@pytest.mark.parametrize("lowering", LOWERINGS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_keras_conv2d(case, lowering):
+    shape, kw = CASES[case]
+    rng = np.random.default_rng(7)
+    ref_model, ref_conv = _reference_layer(shape, kw)
+    if ref_model is ref_conv:
+        ref_model.build(shape)
+    layer = HybridConv2D(**kw, lowering=lowering)
+    layer.build(shape)
+    weights = [w * 0 + rng.standard_normal(w.shape).astype("float32")
+               for w in ref_conv.get_weights()]
+    ref_conv.set_weights(weights)
+    layer.set_weights(weights)
+    x = rng.standard_normal(shape).astype("float32")
+    dy = rng.standard_normal(layer.compute_output_shape(shape)).astype("float32")
+    y_ref, g_ref = layer_grads(ref_model, x, dy)
+    y, g = layer_grads(layer, x, dy)
+    assert y.shape == y_ref.shape
+    assert ref.rel_err(y, y_ref) <= 1e-5
+    for name, a, b in zip(("input", "kernel", "bias"), g, g_ref):
+        assert ref.rel_err(a, b) <= 1e-5, name
+
+
+@pytest.mark.parametrize("lowering", LOWERINGS)
+def test_float64_against_numpy(lowering):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 9, 8, 6))
+    layer = HybridConv2D(8, (3, 2), strides=(2, 1), padding=((1, 0), (2, 1)), dilation_rate=1,
+                         groups=2, lowering=lowering, dtype="float64")
+    layer.build(x.shape)
+    k, b = (rng.standard_normal(w.shape) for w in layer.get_weights())
+    layer.set_weights([k, b])
+    kw = dict(strides=(2, 1), padding=((1, 0), (2, 1)), groups=2)
+    y_ref = ref.conv2d(x, k, b, **kw)
+    dy = rng.standard_normal(y_ref.shape)
+    dx_ref, dk_ref, db_ref = ref.conv2d_grads(x, k, dy, **kw)
+    y, (dx, dk, db) = layer_grads(layer, x, dy)
+    assert y.dtype == np.float64
+    for got, want in ((y, y_ref), (dx, dx_ref), (dk, dk_ref), (db, db_ref)):
+        assert ref.rel_err(got, want) < 1e-12
+
+
+def test_stride_with_dilation_which_conv2d_refuses():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 12, 12, 3))
+    layer = HybridConv2D(4, 3, strides=2, dilation_rate=2, padding=2, dtype="float64")
+    layer.build(x.shape)
+    k, b = layer.get_weights()
+    assert ref.rel_err(to_numpy(layer(x)), ref.conv2d(x, k, b, strides=2, padding=2,
+                                                      dilation=2)) < 1e-12
+
+
+def test_channels_first():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 4, 9, 9)).astype("float32")
+    layer = HybridConv2D(6, 3, padding=1, data_format="channels_first", lowering="type3")
+    y = to_numpy(layer(x))
+    k, b = layer.get_weights()
+    y_ref = ref.conv2d(x.transpose(0, 2, 3, 1), k, b, padding=1).transpose(0, 3, 1, 2)
+    assert y.shape == (2, 6, 9, 9)
+    assert ref.rel_err(y, y_ref) < 1e-5
+    assert layer.compute_output_shape((None, 4, 9, 9)) == (None, 6, 9, 9)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(filters=0, kernel_size=3), "`filters` must be a positive int"),
+    (dict(filters=6, kernel_size=3, groups=4), "`groups`=4 must divide `filters`=6"),
+    (dict(filters=4, kernel_size=3, lowering="im2col"), "`lowering` must be one of"),
+    (dict(filters=4, kernel_size=(3, 3, 3)), "`kernel_size` must be an int or a pair"),
+    (dict(filters=4, kernel_size=3, padding="causal"), "`padding` must be"),
+    (dict(filters=4, kernel_size=3, planner="guess"), "`planner` must be one of"),
+])
+def test_bad_constructor_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HybridConv2D(**kwargs)
+
+
+def test_bad_build_arguments_name_the_layer():
+    with pytest.raises(ValueError, match="'c': `groups`=2 must divide the input channels"):
+        HybridConv2D(4, 3, groups=2, name="c").build((1, 8, 8, 3))
+    with pytest.raises(ValueError, match="'d': .*larger than the padded input"):
+        HybridConv2D(4, 7, name="d").build((1, 5, 5, 3))
+
+
+def test_config_round_trip_and_output_shape():
+    layer = HybridConv2D(8, (3, 5), strides=2, padding=((1, 2), (0, 3)), groups=2,
+                         dilation_rate=(1, 2), lowering="type2", planner="model",
+                         activation="relu", use_bias=False, name="conv")
+    clone = HybridConv2D.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+    shape = (None, 17, 16, 4)
+    # height: (17 + 3 - 3) // 2 + 1 = 9; width: (16 + 3 - 9) // 2 + 1 = 6
+    assert layer.compute_output_shape(shape) == (None, 9, 6, 8)
+    out = keras.Input(shape[1:])
+    assert tuple(layer(out).shape) == (None, 9, 6, 8)
+
+
+def test_auto_records_its_choice():
+    layer = HybridConv2D(256, 3, padding=1)
+    layer.build((None, 13, 13, 16))
+    assert layer.chosen_lowering == "type1"          # few input channels: replicate the input
+    layer = HybridConv2D(16, 3, padding=1)
+    layer.build((None, 13, 13, 1024))
+    assert layer.chosen_lowering == "type3"          # many input channels: replicate the output
+
+
+def _small_model(lowering="auto"):
+    inp = keras.Input((12, 12, 3))
+    h = HybridConv2D(8, 3, padding=1, activation="relu", lowering=lowering)(inp)
+    h = HybridConv2D(8, 3, strides=2, padding=((0, 1), (1, 0)), groups=2, lowering="type3")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return keras.Model(inp, keras.layers.Dense(3)(h))
+
+
+def test_keras_file_round_trip(tmp_path):
+    model = _small_model("type2")
+    x = np.random.default_rng(0).standard_normal((3, 12, 12, 3)).astype("float32")
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded.layers[1], HybridConv2D)
+    assert loaded.layers[1].lowering == "type2"
+    np.testing.assert_array_equal(to_numpy(loaded(x)), to_numpy(model(x)))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_fit_decreases_the_loss(jit):
+    if jit and keras.backend.backend() == "torch":
+        pytest.skip("jit_compile on the torch backend is torch.compile, not exercised here")
+    keras.utils.set_random_seed(1)
+    x = np.random.default_rng(1).standard_normal((32, 12, 12, 3)).astype("float32")
+    y = (x[:, :6].mean(axis=(1, 2, 3)) > x[:, 6:].mean(axis=(1, 2, 3))).astype("int32")
+    model = _small_model()
+    model.compile(keras.optimizers.Adam(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+    history = model.fit(x, y, epochs=8, batch_size=8, verbose=0).history["loss"]
+    assert history[-1] < 0.8 * history[0]
+
+
+def test_mixed_precision_policy():
+    layer = HybridConv2D(4, 3, padding=1, dtype="mixed_bfloat16", lowering="type1")
+    x = np.random.default_rng(2).standard_normal((2, 6, 6, 3)).astype("float32")
+    y = layer(x)
+    assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+    assert layer.kernel.dtype == "float32"
+    k, b = layer.get_weights()
+    assert ref.rel_err(to_numpy(keras.ops.cast(y, "float32")),
+                       ref.conv2d(x, k, b, padding=1)) < 2e-2

@@ -1,0 +1,100 @@
+"""keras_cct.lowering.conv2d against a direct float64 numpy convolution, forward and backward."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_cct.errors import LoweringError
+from keras_cct.lowering import ALL_LOWERINGS, conv2d
+from tests import reference as ref
+from tests.backend_grads import to_numpy
+
+# (input shape, kernel shape, keyword arguments)
+CASES = {
+    "3x3": ((2, 7, 8, 6), (3, 3, 6, 4), {}),
+    "1x1": ((2, 5, 5, 8), (1, 1, 8, 3), {}),
+    "groups2_s2_p1": ((2, 9, 9, 6), (3, 2, 3, 8), dict(groups=2, strides=2, padding=1)),
+    "asym_pad_s32": ((1, 11, 10, 4), (5, 3, 4, 5),
+                     dict(strides=(3, 2), padding=((1, 2), (0, 3)))),
+    "dilation2_same": ((2, 10, 10, 4), (3, 3, 4, 4), dict(dilation_rate=2, padding="same")),
+    "depthwise_s2": ((2, 9, 9, 8), (3, 3, 1, 8), dict(groups=8, padding="same", strides=2)),
+    "k11_s4": ((1, 23, 23, 3), (11, 11, 3, 4), dict(strides=4, padding=2)),
+    "stride_and_dilation": ((2, 12, 12, 4), (3, 3, 4, 6), dict(strides=2, dilation_rate=2,
+                                                               padding=1)),
+    "groups4_even": ((1, 8, 8, 8), (2, 2, 2, 8), dict(groups=4, padding="same")),
+}
+
+
+def _run(lowering, x, k, kwargs, dy):
+    """(y, dx, dk) of sum(conv2d(x, k) * dy) on the current backend, in float64."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+        tx, tk = tf.constant(x), tf.constant(k)
+        with tf.GradientTape() as tape:
+            tape.watch([tx, tk])
+            y = conv2d(tx, tk, lowering=lowering, **kwargs)
+            loss = tf.reduce_sum(y * dy)
+        return (to_numpy(y), *[to_numpy(g) for g in tape.gradient(loss, [tx, tk])])
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        def loss(a, b):
+            y = conv2d(a, b, lowering=lowering, **kwargs)
+            return jnp.sum(y * dy), y
+        (_, y), (dx, dk) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+            jnp.asarray(x), jnp.asarray(k))
+        return to_numpy(y), to_numpy(dx), to_numpy(dk)
+    import torch
+    tx = torch.tensor(x, requires_grad=True)
+    tk = torch.tensor(k, requires_grad=True)
+    y = conv2d(tx, tk, lowering=lowering, **kwargs)
+    (y * torch.tensor(dy)).sum().backward()
+    return to_numpy(y.detach()), to_numpy(tx.grad), to_numpy(tk.grad)
+
+
+@pytest.mark.parametrize("lowering", ALL_LOWERINGS + ("auto",))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_float64_reference(case, lowering):
+    xs, ks, kwargs = CASES[case]
+    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    x, k = rng.standard_normal(xs), rng.standard_normal(ks)
+    ref_kw = dict(strides=kwargs.get("strides", 1), padding=kwargs.get("padding", "valid"),
+                  dilation=kwargs.get("dilation_rate", 1), groups=kwargs.get("groups", 1))
+    y_ref = ref.conv2d(x, k, **ref_kw)
+    dy = rng.standard_normal(y_ref.shape)
+    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, **ref_kw)
+    y, dx, dk = _run(lowering, x, k, kwargs, dy)
+    assert y.dtype == np.float64
+    assert y.shape == y_ref.shape
+    assert ref.rel_err(y, y_ref) < 1e-12
+    assert ref.rel_err(dx, dx_ref) < 1e-12
+    assert ref.rel_err(dk, dk_ref) < 1e-12
+
+
+def test_bias_is_added():
+    x = np.random.default_rng(0).standard_normal((1, 5, 5, 2))
+    k = np.random.default_rng(1).standard_normal((3, 3, 2, 3))
+    b = np.array([1.0, -2.0, 0.5])
+    y = to_numpy(conv2d(keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(k),
+                        keras.ops.convert_to_tensor(b), lowering="type3", padding=1))
+    assert ref.rel_err(y, ref.conv2d(x, k, b, padding=1)) < 1e-12
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(lowering="type9"), "`lowering` must be one of"),
+    (dict(groups=3), "`groups`=3 must divide the input channels"),
+    (dict(padding="full"), "`padding` must be"),
+    (dict(strides=0), "`strides` must be >= 1"),
+])
+def test_bad_arguments_name_the_argument(kwargs, message):
+    x = keras.ops.zeros((1, 6, 6, 4))
+    k = keras.ops.zeros((3, 3, 4, 4))
+    with pytest.raises(LoweringError, match=message):
+        conv2d(x, k, **kwargs)
+
+
+def test_kernel_larger_than_padded_input():
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        conv2d(keras.ops.zeros((1, 4, 4, 1)), keras.ops.zeros((5, 5, 1, 1)), lowering="type1")

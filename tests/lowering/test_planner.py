@@ -1,0 +1,89 @@
+"""The cost model and the planner (model and measure modes, the on-disk cache)."""
+
+import json
+import warnings
+
+import pytest
+
+from keras_cct.errors import LoweringError, PlannerCacheWarning
+from keras_cct.lowering import choose, conv_geometry, cost, planner
+
+
+def test_gemm_flops_of_type1_equal_the_direct_convolution():
+    geo = conv_geometry((8, 27, 27, 96), (5, 5, 48, 256), padding=2, groups=2)
+    direct = 2 * 8 * 27 * 27 * 5 * 5 * 48 * 256
+    assert cost(geo, "type1", batch=8).gemm_flops == direct
+    assert geo.flops(8) == direct
+
+
+def test_counts_follow_the_definitions():
+    # 10x10x4 input, 3x3 kernel, 6 filters, stride 1, pad 1 -> 10x10 output, 12x12 padded.
+    geo = conv_geometry((2, 10, 10, 4), (3, 3, 4, 6), padding=1)
+    c1, c2, c3 = (cost(geo, t, batch=2) for t in ("type1", "type2", "type3"))
+    assert c1.lowering_elements == 2 * 10 * 10 * 9 * 4           # input replicated k*k times
+    assert c1.lifting_reads == 0
+    assert c2.lowering_elements == 2 * 10 * 12 * 3 * 4           # replicated k times along h
+    assert c2.gemm_flops == 2 * (2 * 10 * 12) * (3 * 4) * (3 * 6)
+    assert c2.lifting_reads == 3 * 2 * 10 * 10 * 6               # k-way lifting
+    assert c3.gemm_flops == 2 * (2 * 12 * 12) * 4 * (9 * 6)      # 1x1 GEMM, k*k*o columns
+    assert c3.lifting_reads == 9 * 2 * 10 * 10 * 6               # k*k-way shift-and-add
+    assert c3.temp_bytes == 4 * (2 * 12 * 12 * 4 + 2 * 12 * 12 * 9 * 6)
+
+
+@pytest.mark.parametrize("d, o, expected", [(3, 96, "type1"), (16, 256, "type1"),
+                                            (1024, 16, "type3"), (512, 8, "type3")])
+def test_model_mode_follows_ccts_rule(d, o, expected):
+    # CcT: Type 1 when input channels < output channels, Type 3 when far more.
+    assert choose((None, 28, 28, d), (3, 3, d, o), padding=1) == expected
+
+
+def test_unknown_mode():
+    with pytest.raises(LoweringError, match="`mode` must be"):
+        choose((1, 8, 8, 4), (3, 3, 4, 4), mode="guess")
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_measure_mode_times_each_candidate_once_and_caches(cache_dir, monkeypatch):
+    timed = []
+    fake = {"type1": 3.0, "type2": 1.0, "type3": 2.0, "native": 4.0}
+
+    def fake_time(geo, lowering, **kw):
+        timed.append(lowering)
+        return fake[lowering]
+
+    monkeypatch.setattr(planner, "time_lowering", fake_time)
+    args = ((None, 9, 9, 4), (3, 3, 4, 4))
+    assert choose(*args, mode="measure") == "type2"
+    assert sorted(timed) == sorted(fake)
+    assert choose(*args, mode="measure") == "type2"
+    assert len(timed) == 4                               # served from the disk cache
+    data = json.loads((cache_dir / "planner.json").read_text())
+    (entry,) = data["entries"].values()
+    assert entry["choice"] == "type2"
+    # A different shape is a different key.
+    choose((None, 10, 9, 4), (3, 3, 4, 4), mode="measure")
+    assert len(timed) == 8
+
+
+def test_corrupt_or_stale_cache_is_ignored(cache_dir, monkeypatch):
+    monkeypatch.setattr(planner, "time_lowering", lambda geo, low, **kw: float(low == "type1"))
+    (cache_dir / "planner.json").write_text("{not json")
+    with pytest.warns(PlannerCacheWarning, match="ignoring the planner cache"):
+        assert choose((None, 8, 8, 2), (3, 3, 2, 2), mode="measure") in ("type2", "type3",
+                                                                          "native")
+    (cache_dir / "planner.json").write_text(json.dumps({"version": -1, "entries": {}}))
+    with pytest.warns(PlannerCacheWarning):
+        choose((None, 8, 8, 2), (3, 3, 2, 2), mode="measure")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                   # rewritten: now clean
+        choose((None, 8, 8, 2), (3, 3, 2, 2), mode="measure")
+
+
+def test_real_measurement_returns_a_working_lowering(cache_dir):
+    best = choose((2, 8, 8, 4), (3, 3, 4, 4), padding=1, mode="measure")
+    assert best in ("type1", "type2", "type3", "native")
