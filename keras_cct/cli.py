@@ -15,6 +15,7 @@ from typing import List, Optional
 # Modules that provide sub-commands, in the order they appear in ``cct --help``.
 COMMAND_MODULES = (
     "keras_cct.caffe.commands",
+    "keras_cct.caffe.train_commands",
     "keras_cct.export.commands",
     "keras_cct.devices.commands",
     "keras_cct.benchmarks_cli",

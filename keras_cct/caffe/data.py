@@ -490,3 +490,53 @@ def merge_batches(sources: Sequence[DataSource]) -> Iterator[Dict[str, np.ndarra
         for it in its:
             out.update(next(it))
         yield out
+
+
+def prefetch(iterator: Iterator, depth: int = 4) -> Iterator:
+    """Run ``iterator`` in a background thread, ``depth`` items ahead (Caffe's prefetching
+    data layers); exceptions are re-raised in the consumer."""
+    import queue
+    import threading
+
+    q: "queue.Queue" = queue.Queue(maxsize=max(depth, 1))
+    stop = threading.Event()
+    _END = object()
+
+    def work():
+        try:
+            for item in iterator:
+                while not stop.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # forwarded to the consumer
+            q.put((_END, exc))
+            return
+        q.put((_END, None))
+
+    thread = threading.Thread(target=work, daemon=True, name="cct-prefetch")
+    thread.start()
+
+    class _It:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            item, exc = q.get()
+            if item is _END:
+                if exc is not None:
+                    raise exc
+                raise StopIteration
+            return item
+
+        def close(self):
+            stop.set()
+
+        def __del__(self):
+            stop.set()
+
+    return _It()

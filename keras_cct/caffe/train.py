@@ -37,7 +37,8 @@ import keras
 import numpy as np
 
 from keras_cct.caffe import proto
-from keras_cct.caffe.data import DataSource, merge_batches, net_data_sources, resolve_path
+from keras_cct.caffe.data import (DataSource, merge_batches, net_data_sources, prefetch,
+                                  resolve_path)
 from keras_cct.caffe.losses import HEAD_TYPES, LOSS_TYPES, head_value
 from keras_cct.caffe.solver import CaffeOptimizer, SolverConfig, solver_config
 from keras_cct.errors import CaffeFormatError
@@ -248,6 +249,45 @@ def _to_caffe_layout(layer, arrays: List[np.ndarray]) -> List[np.ndarray]:
     return arrays
 
 
+def run_test(model: CaffeTrainModel, sources: Sequence[DataSource], iterations: int, *,
+             log: Callable[[str], None], compute_loss: bool = False, per_batch: bool = False,
+             kind: str = "Test") -> Dict[str, float]:
+    """Forward ``iterations`` batches through ``model`` and average each head's value over them
+    (Caffe's ``Solver::Test`` and ``caffe test``)."""
+    batches = prefetch(merge_batches(sources))
+    sums = np.zeros(len(model.heads))
+    loss = 0.0
+    try:
+        for i in range(iterations):
+            batch = next(batches)
+            feed = [batch[k] for k in model.input_blobs]
+            outs = model.net.predict_on_batch(feed if len(feed) > 1 else feed[0])
+            if not isinstance(outs, (list, tuple, dict)):
+                outs = [outs]
+            y_pred = dict(outs) if isinstance(outs, dict) else dict(zip(model.output_blobs,
+                                                                        outs))
+            vals = [float(keras.ops.convert_to_numpy(v))
+                    for v in model.head_values(batch, y_pred)]
+            if per_batch:
+                for h, v in zip(model.heads, vals):
+                    log(f"Batch {i}, {h.top} = {v:.6g}")
+            sums += vals
+            loss += sum(h.loss_weight * v for h, v in zip(model.heads, vals))
+    finally:
+        batches.close()
+    n = max(iterations, 1)
+    means = sums / n
+    if compute_loss:
+        log(f"{kind} loss: {loss / n:.6g}" if kind == "Test" else f"Loss: {loss / n:.6g}")
+    for i, (h, v) in enumerate(zip(model.heads, means)):
+        msg = f"    {kind} net output #{i}: {h.top} = {v:.6g}" if kind == "Test" else \
+            f"{h.top} = {v:.6g}"
+        if h.loss_weight:
+            msg += f" (* {h.loss_weight:g} = {h.loss_weight * v:.6g} loss)"
+        log(msg)
+    return {h.top: float(m) for h, m in zip(model.heads, means)}
+
+
 class Solver:
     """Caffe's solver over Keras models.
 
@@ -319,7 +359,7 @@ class Solver:
         self.schedule = config.schedule()
         self.train_model.compile(optimizer=self.optimizer, jit_compile="auto")
         self.optimizer.build(self.train_model.trainable_variables)
-        self._batches = merge_batches(self.train_sources)
+        self._batches = self._train_batches(0)
         self._losses: List[float] = []
         self.smoothed_loss = 0.0
         self.images_per_second = 0.0
@@ -489,17 +529,23 @@ class Solver:
         self.iter = int(state.iter)
         iter_size = max(self.param.iter_size, 1)
         self.optimizer._iterations.assign(self.iter * iter_size)
-        self._batches = merge_batches(self.train_sources)
-        for _ in range(self.iter * iter_size):
-            next(self._batches)
+        self._batches = self._train_batches(self.iter * iter_size)
 
     # -- training -----------------------------------------------------------------------------
+    def _train_batches(self, skip: int):
+        """The TRAIN batches from mini-batch ``skip`` on, prefetched in a background thread
+        (the skipped batches are read and transformed, so random crops/mirrors stay in step)."""
+        old = getattr(self, "_batches", None)
+        if old is not None and hasattr(old, "close"):
+            old.close()
+        it = merge_batches(self.train_sources)
+        for _ in range(skip):
+            next(it)
+        return prefetch(it)
+
     def _train_batch(self) -> Dict[str, float]:
         batch = next(self._batches)
-        t0 = time.perf_counter()
-        logs = self.train_model.train_on_batch(batch, return_dict=True)
-        self.train_seconds += time.perf_counter() - t0
-        return logs
+        return self.train_model.train_on_batch(batch, return_dict=True)
 
     def _output_lines(self, model: CaffeTrainModel, values: Sequence[float], kind: str
                       ) -> List[str]:
@@ -526,12 +572,16 @@ class Solver:
             bar = tqdm(total=iters, leave=False, unit="iter", file=sys.stderr)
         t_last, it_last = time.perf_counter(), self.iter
         images = 0
-        seconds0 = self.train_seconds
+        side_seconds = 0.0  # tests and snapshots, not training
+        t_start = time.perf_counter()
         batch_size = sum(s.batch_size for s in self.train_sources[:1]) or 1
         while self.iter < stop_iter:
             if p.test_interval and self.iter % p.test_interval == 0 and (
                     self.iter > 0 or p.test_initialization):
+                t0 = time.perf_counter()
                 self.test_all()
+                side_seconds += time.perf_counter() - t0
+                t_last += time.perf_counter() - t0
             display = p.display and self.iter % p.display == 0
             loss = 0.0
             outs = None
@@ -558,12 +608,15 @@ class Solver:
             if bar is not None:
                 bar.update(1)
             if p.snapshot and self.iter % p.snapshot == 0:
+                t0 = time.perf_counter()
                 self.snapshot()
+                side_seconds += time.perf_counter() - t0
+                t_last += time.perf_counter() - t0
         if bar is not None:
             bar.close()
-        elapsed = self.train_seconds - seconds0
-        # training throughput: forward + backward + update, without data loading, tests and
-        # snapshots
+        elapsed = time.perf_counter() - t_start - side_seconds
+        self.train_seconds += elapsed
+        # training throughput: data, forward, backward and update; tests and snapshots excluded
         self.images_per_second = images / elapsed if elapsed > 0 else 0.0
 
     def _update_smoothed_loss(self, loss: float, start_iter: int, average_loss: int) -> None:
@@ -583,29 +636,8 @@ class Solver:
         model = self.test_nets[index]
         self.log(f"Iteration {self.iter}, Testing net (#{index})")
         self._share_weights(model)
-        batches = merge_batches(self.test_sources[index])
-        sums = np.zeros(len(model.heads))
-        n = int(p.test_iter[index])
-        loss = 0.0
-        for _ in range(n):
-            batch = next(batches)
-            feed = {k: batch[k] for k in model.input_blobs}
-            outs = model.net.predict_on_batch(feed if len(feed) > 1 else
-                                              next(iter(feed.values())))
-            if not isinstance(outs, (list, tuple, dict)):
-                outs = [outs]
-            y_pred = dict(outs) if isinstance(outs, dict) else dict(zip(model.output_blobs,
-                                                                        outs))
-            vals = [float(keras.ops.convert_to_numpy(v))
-                    for v in model.head_values(batch, y_pred)]
-            sums += vals
-            loss += sum(h.loss_weight * v for h, v in zip(model.heads, vals))
-        means = sums / max(n, 1)
-        if p.test_compute_loss:
-            self.log(f"Test loss: {loss / max(n, 1):.6g}")
-        for line in self._output_lines(model, means, "Test"):
-            self.log(line)
-        return {h.top: float(m) for h, m in zip(model.heads, means)}
+        return run_test(model, self.test_sources[index], int(p.test_iter[index]), log=self.log,
+                        compute_loss=bool(p.test_compute_loss))
 
     def test_all(self) -> List[Dict[str, float]]:
         """Run every test net (Caffe's ``TestAll``)."""
@@ -624,3 +656,61 @@ class Solver:
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         self.log("Optimization Done.")
+
+
+def random_sources(net, *, batch: Optional[int] = None, seed: int = 0,
+                   skip: Sequence[str] = ()) -> List[DataSource]:
+    """Sources of random data for the model inputs not fed by a data layer (deploy nets'
+    ``Input`` layers, for ``cct time``): uniform [0, 1) images, labels 0."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, shape in net.inputs.items():
+        if name in skip:
+            continue
+        bs = batch or shape[0] or 1
+        sample = tuple(int(d) for d in shape[1:])
+        arr = rng.random((bs,) + sample, dtype=np.float32)
+
+        def gen(arr=arr, name=name):
+            while True:
+                yield {name: arr}
+        out.append(DataSource(name, "Random", [name], bs, {name: sample}, None, gen))
+    return out
+
+
+def build_phase_net(net_path: str, *, phase: str = "TEST", stages: Sequence[str] = (),
+                    weights: Optional[str] = None, batch: Optional[int] = None,
+                    random_data: bool = False, seed: Optional[int] = None,
+                    build: Optional[Callable] = None):
+    """A net of one phase with its data: ``(CaffeTrainModel, sources, CaffeNet)``.
+
+    Data layers are read from their sources (looked up beside ``net_path`` too); with
+    ``random_data`` (or for ``Input`` layers) the inputs get random arrays instead.
+    """
+    from keras_cct.caffe.prototxt import filter_net, read_net
+    if build is None:
+        from keras_cct.caffe import build_net as build
+    net_param = read_net(net_path)
+    fp = filter_net(net_param, phase=phase, stages=list(stages))
+    base = [os.path.dirname(os.path.abspath(net_path))]
+    sources: List[DataSource] = []
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    if not random_data:
+        sources = [s for s in net_data_sources(fp, phase=phase, base_dirs=base, seed=seed)
+                   if s.type != "Input"]
+        for s in sources:
+            for top, shp in s.shapes.items():
+                shp = tuple(shp)
+                if len(shp) == 3:
+                    shp = (shp[2], shp[0], shp[1])
+                shapes[top] = (s.batch_size,) + shp
+    net = build(net_param, phase=phase, stages=tuple(stages), input_shapes=shapes or None,
+                source=net_path)
+    if weights:
+        from keras_cct.caffe.weights import load_weights
+        load_weights(net.model, weights, strict=False, net_param=net.net_param)
+    fed = {t for s in sources for t in s.tops}
+    sources = sources + random_sources(net, batch=batch, skip=fed)
+    model = CaffeTrainModel(net.model, [_as_head(h) for h in net.heads], _output_blobs(net),
+                            _input_blobs(net), name=f"{phase.lower()}_net")
+    return model, sources, net

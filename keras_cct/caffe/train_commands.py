@@ -1,0 +1,350 @@
+"""``cct train``, ``cct test``, ``cct time`` and ``cct data``: Caffe's command line on Keras.
+
+* ``cct train --solver S [--weights W.caffemodel | --snapshot S.solverstate]`` -- like
+  ``caffe train``: Caffe's log lines, snapshots, resume.
+* ``cct test --model NET --weights W --iterations N`` -- like ``caffe test``.
+* ``cct time --model NET --iterations N`` -- like ``caffe time``: per-layer forward and backward
+  milliseconds, and the lowering each convolution uses.
+* ``cct data SOURCE DB`` -- like ``convert_imageset``: an LMDB of Caffe Datums from a folder of
+  images (``SOURCE/<class>/<image>``, or ``--list`` of ``path label`` lines relative to SOURCE)
+  or from arrays in a ``.npz`` (``images``/``x`` and ``labels``/``y``); ``--mean`` also writes the
+  mean image as a .binaryproto (``compute_image_mean``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional
+
+import numpy as np
+
+from keras_cct.errors import DataError, KerasCCTError
+
+
+def _set_lowering_and_device(model, lowering: Optional[str], devices: Optional[str]) -> None:
+    """Apply ``--lowering`` / ``--devices`` to every HybridConv2D of ``model``."""
+    if not lowering and not devices:
+        return
+    device = None
+    if devices:
+        names = [d.strip() for d in devices.split(",") if d.strip()]
+        if len(names) > 1:
+            raise KerasCCTError(
+                f"--devices {devices}: training over several devices needs CCTStrategy, which "
+                f"this installation does not provide yet; give one device")
+        device = None if names[0] in ("cpu", "auto", "keras") else names[0]
+    from keras_cct.lowering import check_lowering  # type: ignore[attr-defined]
+    for layer in model.layers:
+        if type(layer).__name__ != "HybridConv2D":
+            continue
+        if lowering:
+            layer.lowering = check_lowering(lowering)
+            getattr(layer, "_plans", {}).clear()
+        if devices:
+            if device is not None:
+                layer._check_device(device)
+            layer.device = device
+
+
+def _train(args: argparse.Namespace) -> int:
+    from keras_cct.caffe.solver import load_solver
+    if args.weights and args.snapshot:
+        raise KerasCCTError("give either --weights or --snapshot, not both "
+                            "(caffe train refuses both too)")
+    solver = load_solver(args.solver, weights=args.weights, progress=args.progress,
+                         snapshot_prefix=args.snapshot_prefix)
+    for m in [solver.train_model.net] + [t.net for t in solver.test_nets]:
+        _set_lowering_and_device(m, args.lowering, args.devices)
+    if args.lowering or args.devices:  # recompile with the new layer settings
+        solver.train_model.compile(optimizer=solver.optimizer, jit_compile="auto")
+    t0 = time.perf_counter()
+    solver.solve(resume_file=args.snapshot)
+    print(f"Training: {solver.images_per_second:.1f} images/s "
+          f"({solver.train_seconds:.2f}s of training, {time.perf_counter() - t0:.2f}s in all)",
+          flush=True)
+    return 0
+
+
+def _test(args: argparse.Namespace) -> int:
+    from keras_cct.caffe.train import build_phase_net, run_test
+    model, sources, _ = build_phase_net(args.model, phase=args.phase,
+                                        stages=args.stage or (), weights=args.weights)
+    _set_lowering_and_device(model.net, args.lowering, args.devices)
+    if not model.heads:
+        print("warning: the net has no loss or accuracy layer; nothing to report",
+              file=sys.stderr)
+    run_test(model, sources, args.iterations, log=lambda s: print(s, flush=True),
+             compute_loss=True, per_batch=True, kind="caffe test")
+    return 0
+
+
+def _backend_timers(layer, xs):
+    """(forward, backward) callables for one layer on inputs ``xs``; backward computes the
+    gradients of ``sum(y * dy)`` with respect to the inputs and the layer's weights."""
+    import keras
+    backend = keras.backend.backend()
+    single = len(xs) == 1
+    arg = xs[0] if single else list(xs)
+    y0 = layer(arg)
+    outs0 = y0 if isinstance(y0, (list, tuple)) else [y0]
+    rng = np.random.default_rng(0)
+    dys = [rng.standard_normal(tuple(o.shape)).astype("float32") for o in outs0]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function
+        def fwd(*a):
+            return layer(a[0] if single else list(a))
+
+        @tf.function
+        def bwd(*a):
+            with tf.GradientTape() as tape:
+                tape.watch(a)
+                y = layer(a[0] if single else list(a))
+                ys = y if isinstance(y, (list, tuple)) else [y]
+                total = tf.add_n([tf.reduce_sum(o * d) for o, d in zip(ys, dys)])
+            return tape.gradient(total, list(a) + list(layer.trainable_weights))
+    elif backend == "jax":
+        import jax
+        tv = [v.value for v in layer.trainable_variables]
+        ntv = [v.value for v in layer.non_trainable_variables]
+
+        def f(tv_, *a):
+            y, _ = layer.stateless_call(tv_, ntv, a[0] if single else list(a))
+            return y
+
+        fwd = jax.jit(lambda *a: f(tv, *a))
+
+        import jax.numpy as jnp
+
+        def _bwd(*a):
+            y, vjp = jax.vjp(f, tv, *a)
+            ct = [jnp.asarray(d) for d in dys]
+            return vjp(type(y)(ct) if isinstance(y, (list, tuple)) else ct[0])
+
+        bwd = jax.jit(_bwd)
+    else:  # torch and others: eager
+        import torch
+
+        def fwd(*a):
+            with torch.no_grad():
+                return layer(a[0] if single else list(a))
+
+        def bwd(*a):
+            a = [t.detach().requires_grad_(True) if torch.is_floating_point(t) else t
+                 for t in a]
+            y = layer(a[0] if single else list(a))
+            ys = y if isinstance(y, (list, tuple)) else [y]
+            total = sum((o * torch.as_tensor(d, device=o.device)).sum() for o, d in zip(ys, dys))
+            params = [t for t in a if t.requires_grad] + [
+                v.value for v in layer.trainable_variables]
+            return torch.autograd.grad(total, params, allow_unused=True)
+    return fwd, bwd
+
+
+def _block(x):
+    import keras
+    items = x if isinstance(x, (list, tuple)) else [x]
+    for t in items:
+        if t is not None:
+            keras.ops.convert_to_numpy(keras.ops.sum(t))
+
+
+def _time(args: argparse.Namespace) -> int:
+    import keras
+    from keras_cct.caffe.train import build_phase_net
+    model, sources, net = build_phase_net(args.model, phase=args.phase, stages=args.stage or (),
+                                          weights=args.weights, batch=args.batch,
+                                          random_data=args.random_data)
+    _set_lowering_and_device(model.net, args.lowering, args.devices)
+    from keras_cct.caffe.data import merge_batches
+    batch = next(merge_batches(sources))
+    fmodel = model.net
+    layers = [l for l in fmodel.layers if not isinstance(l, keras.layers.InputLayer)]
+    # every layer's input values, from one forward pass
+    probe = keras.Model(fmodel.inputs, [l.input if not isinstance(l.input, list) else l.input
+                                        for l in layers])
+    feed = [batch[k] for k in model.input_blobs]
+    values = probe.predict_on_batch(feed if len(feed) > 1 else feed[0])
+    n = args.iterations
+    print(f"*** Benchmark begins ({keras.backend.backend()} backend) ***", flush=True)
+    print(f"Testing for {n} iterations.", flush=True)
+    rows = []
+    for layer, xin in zip(layers, values):
+        xs = [keras.ops.convert_to_tensor(v) for v in (xin if isinstance(xin, list) else [xin])]
+        fwd, bwd = _backend_timers(layer, xs)
+        _block(fwd(*xs))
+        has_bwd = True
+        try:
+            _block(bwd(*xs))
+        except Exception:  # a layer without gradient (integer inputs): forward only
+            has_bwd = False
+        t0 = time.perf_counter()
+        for _ in range(n):
+            out = fwd(*xs)
+        _block(out)
+        tf_ms = (time.perf_counter() - t0) * 1000 / n
+        tb_ms = float("nan")
+        if has_bwd:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                g = bwd(*xs)
+            _block(g)
+            tb_ms = (time.perf_counter() - t0) * 1000 / n
+        lowering = getattr(layer, "chosen_lowering", None)
+        rows.append((layer.name, tf_ms, tb_ms, lowering))
+    print("Average time per layer:", flush=True)
+    for name, f, b, low in rows:
+        extra = f"  [lowering: {low}]" if low else ""
+        print(f"{name:>24}\tforward: {f:.4f} ms.{extra}", flush=True)
+        print(f"{name:>24}\tbackward: {b:.4f} ms.", flush=True)
+    # whole net, compiled: forward, and forward + backward + update (a training step)
+    fmodel.predict_on_batch(feed if len(feed) > 1 else feed[0])  # compile
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out = fmodel.predict_on_batch(feed if len(feed) > 1 else feed[0])
+    fwd_ms = (time.perf_counter() - t0) * 1000 / n
+    from keras_cct.caffe.solver import CaffeOptimizer
+    model.compile(optimizer=CaffeOptimizer("SGD", learning_rate=0.0), jit_compile="auto")
+    if model.heads and any(h.loss_weight for h in model.heads):
+        model.train_on_batch(batch)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            model.train_on_batch(batch)
+        fb_ms = (time.perf_counter() - t0) * 1000 / n
+        bs = len(feed[0])
+        print(f"Average Forward pass: {fwd_ms:.4f} ms.", flush=True)
+        print(f"Average Forward-Backward (training step): {fb_ms:.4f} ms "
+              f"({bs * 1000 / fb_ms:.1f} images/s).", flush=True)
+    else:
+        print(f"Average Forward pass: {fwd_ms:.4f} ms.", flush=True)
+        print("(no loss layer in this phase: use --phase TRAIN to time backward passes of "
+              "the whole net)", flush=True)
+    print(f"Total per-layer time: forward {sum(r[1] for r in rows):.4f} ms, backward "
+          f"{np.nansum([r[2] for r in rows]):.4f} ms.", flush=True)
+    print("*** Benchmark ends ***", flush=True)
+    return 0
+
+
+def _load_npz(path: str):
+    try:
+        data = np.load(path)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read the arrays: {exc}", path=path) from None
+    keys = set(data.files)
+    ik = next((k for k in ("images", "x", "data") if k in keys), None)
+    lk = next((k for k in ("labels", "y", "label") if k in keys), None)
+    if ik is None or lk is None:
+        raise DataError(f"the .npz must hold images ('images'/'x'/'data') and labels "
+                        f"('labels'/'y'/'label'); it has {sorted(keys)}", path=path)
+    return data[ik], data[lk]
+
+
+def _data(args: argparse.Namespace) -> int:
+    from keras_cct.caffe.lmdb_io import DatumReader, convert_imageset, write_arrays
+    src = args.source
+    if os.path.isfile(src) and src.endswith(".npz"):
+        images, labels = _load_npz(src)
+        if args.gray and images.ndim == 4 and images.shape[-1] != 1:
+            raise DataError("--gray applies to image files; the arrays are already decoded",
+                            path=src)
+        if args.resize_height or args.resize_width:
+            import cv2
+            images = np.stack([cv2.resize(im, (args.resize_width, args.resize_height))
+                               for im in images])
+        order = np.arange(len(images))
+        if args.shuffle:
+            np.random.default_rng(args.seed).shuffle(order)
+        n = write_arrays(args.db, images[order], np.asarray(labels)[order],
+                         encode=args.encode, overwrite=args.overwrite)
+    else:
+        n = convert_imageset(src, args.list, args.db, resize_height=args.resize_height,
+                             resize_width=args.resize_width, gray=args.gray,
+                             shuffle=args.shuffle, encode=args.encode,
+                             check_size=args.check_size, seed=args.seed,
+                             overwrite=args.overwrite)
+    print(f"Processed {n} files.", flush=True)
+    if args.mean:
+        from keras_cct.caffe.prototxt import write_binaryproto
+        total = None
+        count = 0
+        with DatumReader(args.db) as reader:
+            for key, arr, _ in reader.arrays():
+                a = arr.astype(np.float64)
+                if total is None:
+                    total = a
+                elif a.shape != total.shape:
+                    raise DataError(f"record has shape {a.shape}, the first {total.shape}: the "
+                                    f"mean needs one size", path=args.db, layer=f"record {key!r}")
+                else:
+                    total += a
+                count += 1
+        mean = (total / count).transpose(2, 0, 1)[None]  # (1, C, H, W) as compute_image_mean
+        write_binaryproto(args.mean, mean.astype(np.float32))
+        print(f"Wrote the mean image to {args.mean}", flush=True)
+    return 0
+
+
+def _add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lowering", choices=["auto", "type1", "type2", "type3", "native"],
+                   help="force one lowering for every convolution (default: the planner's)")
+    p.add_argument("--devices", help="device for the convolutions, e.g. opencl:0:0 "
+                                     "(default: the Keras backend's)")
+
+
+def register(subparsers) -> None:
+    """Add ``train``, ``test``, ``time`` and ``data`` to the ``cct`` parser."""
+    p = subparsers.add_parser("train", help="train a Caffe net from its solver "
+                                            "(like `caffe train`)")
+    p.add_argument("--solver", required=True, help="the solver .prototxt")
+    p.add_argument("--weights", help="a .caffemodel to start from (fine-tuning)")
+    p.add_argument("--snapshot", help="a .solverstate to resume from")
+    p.add_argument("--snapshot-prefix", dest="snapshot_prefix",
+                   help="override the solver's snapshot_prefix")
+    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    _add_device_args(p)
+    p.set_defaults(func=_train)
+
+    p = subparsers.add_parser("test", help="score a trained Caffe net (like `caffe test`)")
+    p.add_argument("--model", required=True, help="the net .prototxt (with data layers)")
+    p.add_argument("--weights", required=True, help="the trained .caffemodel")
+    p.add_argument("--iterations", type=int, default=50, help="batches to run (default 50)")
+    p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
+    p.add_argument("--stage", action="append", help="a net stage (repeatable)")
+    _add_device_args(p)
+    p.set_defaults(func=_test)
+
+    p = subparsers.add_parser("time", help="per-layer forward/backward times "
+                                           "(like `caffe time`)")
+    p.add_argument("--model", required=True, help="the net .prototxt")
+    p.add_argument("--weights", help="a .caffemodel (optional)")
+    p.add_argument("--iterations", type=int, default=50, help="repetitions (default 50)")
+    p.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    p.add_argument("--stage", action="append", help="a net stage (repeatable)")
+    p.add_argument("--batch", type=int, help="batch size for inputs without a data layer")
+    p.add_argument("--random-data", dest="random_data", action="store_true",
+                   help="feed random arrays instead of reading the data layers' sources")
+    _add_device_args(p)
+    p.set_defaults(func=_time)
+
+    p = subparsers.add_parser("data", help="write an LMDB of Caffe Datums "
+                                           "(like `convert_imageset`)")
+    p.add_argument("source", help="a folder of images (FOLDER/<class>/<image>, or with --list) "
+                                  "or a .npz of arrays (images/x and labels/y)")
+    p.add_argument("db", help="the LMDB folder to create")
+    p.add_argument("--list", help="a list file of 'path label' lines, relative to SOURCE")
+    p.add_argument("--resize-height", dest="resize_height", type=int, default=0)
+    p.add_argument("--resize-width", dest="resize_width", type=int, default=0)
+    p.add_argument("--gray", action="store_true", help="load images as gray")
+    p.add_argument("--shuffle", action="store_true", help="shuffle the records")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--encode", default="", choices=["", "png", "jpg"],
+                   help="store encoded images instead of raw pixels")
+    p.add_argument("--check-size", dest="check_size", action="store_true",
+                   help="require every image to have the same size")
+    p.add_argument("--mean", help="also write the mean image to this .binaryproto")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing LMDB")
+    p.set_defaults(func=_data)
