@@ -18,7 +18,7 @@ from keras_cct.devices.opencl.client import client_for
 
 LOWERINGS = ("type1", "type3")
 #: Bytes of lowered data (im2col or Type 3 GEMM output) per batch partition.
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 8 << 20
 
 
 def _f32(name: str, a, shape_hint: str) -> np.ndarray:

@@ -11,6 +11,9 @@
 #ifndef RM
 #define RM 8
 #endif
+#if RM != 8
+#error "gemm_tn loads RM = 8 values of A at once"
+#endif
 #define RN 32
 
 // ---------------------------------------------------------------------------------------------
@@ -19,7 +22,7 @@
 // (gemm_tn). B(k, j) = B[k * ldb + j]. C(i, j) = C[i * ldc + j].
 // Global size: (ceil(M / RM), ceil(N / RN), groups), any local size.
 // ---------------------------------------------------------------------------------------------
-#define GEMM_KERNEL(NAME, A_AT)                                                                   \
+#define GEMM_KERNEL(NAME, A_AT, A_LOAD)                                                                   \
 __kernel void NAME(const int M, const int N, const int K,                                         \
                    __global const float *A, const long offA, const int lda, const long sAg,       \
                    __global const float *B, const long offB, const int ldb, const long sBg,       \
@@ -41,11 +44,12 @@ __kernel void NAME(const int M, const int N, const int K,                       
         for (int k = 0; k < K; ++k) {                                                              \
             const float16 b0 = vload16(0, b + (long)k * ldb + n0);                                 \
             const float16 b1 = vload16(0, b + (long)k * ldb + n0 + 16);                            \
+            float av[RM];                                                                          \
+            A_LOAD(av, k);                                                                         \
             _Pragma("unroll")                                                                      \
             for (int r = 0; r < RM; ++r) {                                                         \
-                const float av = A_AT(m0 + r, k);                                                  \
-                acc0[r] = fma((float16)(av), b0, acc0[r]);                                         \
-                acc1[r] = fma((float16)(av), b1, acc1[r]);                                         \
+                acc0[r] = fma((float16)(av[r]), b0, acc0[r]);                                      \
+                acc1[r] = fma((float16)(av[r]), b1, acc1[r]);                                      \
             }                                                                                      \
         }                                                                                          \
         float16 bb0 = (float16)(0.0f), bb1 = (float16)(0.0f);                                      \
@@ -86,73 +90,94 @@ __kernel void NAME(const int M, const int N, const int K,                       
 
 #define A_NN(i, k) a[(long)(i) * lda + (k)]
 #define A_TN(i, k) a[(long)(k) * lda + (i)]
-GEMM_KERNEL(gemm_nn, A_NN)
-GEMM_KERNEL(gemm_tn, A_TN)
+// RM values of column k of A: RM strided loads (gemm_nn) or one vector load (gemm_tn, RM = 8).
+#define LOAD_NN(av, k) _Pragma("unroll") for (int r = 0; r < RM; ++r) av[r] = A_NN(m0 + r, k)
+#define LOAD_TN(av, k) vstore8(vload8(0, a + (long)(k) * lda + m0), 0, av)
+GEMM_KERNEL(gemm_nn, A_NN, LOAD_NN)
+GEMM_KERNEL(gemm_tn, A_TN, LOAD_TN)
 
 // ---------------------------------------------------------------------------------------------
 // Type 1 lowering (im2col) for a batch slice: col[(n, oy, ox), (g, i, j, c)] =
 // x[n, oy*sh - pt + i*dh, ox*sw - pl + j*dw, g*cg + c] (0 outside the input).
-// Global size: (kh * kw, nb * oh * ow).
+// One work-item per (kernel row i, output row (n, oy)); it fills that row's ow * kw * C values
+// (few, long work-items: what a CPU device wants). Global size: (kh, nb * oh).
 // ---------------------------------------------------------------------------------------------
 __kernel void im2col(__global const float *x, const long offX, __global float *col,
                      const long offCol, const int H, const int W, const int C, const int groups,
                      const int kh, const int kw, const int sh, const int sw, const int dh,
                      const int dw, const int pt, const int pl, const int oh, const int ow)
 {
-    const int tap = get_global_id(0);
-    const long row = get_global_id(1);
-    const int i = tap / kw, j = tap % kw;
-    const int ox = row % ow;
-    const long t = row / ow;
-    const int oy = t % oh;
-    const long n = t / oh;
+    const int i = get_global_id(0);
+    const long r = get_global_id(1);          // n * oh + oy
+    const int oy = r % oh;
+    const long n = r / oh;
     const int cg = C / groups;
-    const int y = oy * sh - pt + i * dh, xx = ox * sw - pl + j * dw;
+    const int y = oy * sh - pt + i * dh;
     const long K = (long)groups * kh * kw * cg;
-    __global float *dst = col + offCol + row * K + (long)tap * cg;
-    if (y < 0 || y >= H || xx < 0 || xx >= W) {
-        for (int g = 0; g < groups; ++g)
-            for (int c = 0; c < cg; ++c) dst[(long)g * kh * kw * cg + c] = 0.0f;
-        return;
+    const long gstride = (long)kh * kw * cg;
+    const int yin = y >= 0 && y < H;
+    __global const float *src = x + offX + (n * H + (yin ? y : 0)) * (long)W * C;
+    for (int ox = 0; ox < ow; ++ox) {
+        __global float *dst = col + offCol + (r * ow + ox) * K + (long)i * kw * cg;
+        for (int j = 0; j < kw; ++j) {
+            const int xx = ox * sw - pl + j * dw;
+            if (!yin || xx < 0 || xx >= W) {
+                for (int g = 0; g < groups; ++g)
+                    for (int c = 0; c < cg; ++c) dst[g * gstride + j * cg + c] = 0.0f;
+            } else {
+                __global const float *s = src + (long)xx * C;
+                for (int g = 0; g < groups; ++g)
+                    for (int c = 0; c < cg; ++c) dst[g * gstride + j * cg + c] = s[g * cg + c];
+            }
+        }
     }
-    __global const float *src = x + offX + ((n * H + y) * W + xx) * C;
-    for (int g = 0; g < groups; ++g)
-        for (int c = 0; c < cg; ++c) dst[(long)g * kh * kw * cg + c] = src[g * cg + c];
+}
+
+// The output rows (or columns) o whose window covers the padded input position p satisfy
+// p - o*s = k*d with 0 <= k < taps; this is the smallest candidate o.
+inline int out_lo(int p, int taps, int s, int d)
+{
+    const int top = p - (taps - 1) * d;   // o*s >= top
+    return top <= 0 ? 0 : (top + s - 1) / s;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Inverse of im2col (col2im) as a gather, one work-item per input pixel (no atomics):
+// Inverse of im2col (col2im) as a gather (no atomics), one work-item per input row (n, y):
 // dx[n, y, x, g*cg + c] = sum over taps (i, j) hitting (y, x) of dcol[(n, oy, ox), (g, i, j, c)].
-// Global size: (nb * H * W).
+// Only the taps that hit are visited (about (kh/sh) * (kw/sw) of them). Global size: (nb * H).
 // ---------------------------------------------------------------------------------------------
 __kernel void col2im(__global const float *dcol, const long offCol, __global float *dx,
                      const long offX, const int H, const int W, const int C, const int groups,
                      const int kh, const int kw, const int sh, const int sw, const int dh,
                      const int dw, const int pt, const int pl, const int oh, const int ow)
 {
-    const long p = get_global_id(0);
-    const int xx = p % W;
-    const long t = p / W;
-    const int y = t % H;
-    const long n = t / H;
+    const long r = get_global_id(0);          // n * H + y
+    const int y = r % H;
+    const long n = r / H;
     const int cg = C / groups;
     const long K = (long)groups * kh * kw * cg;
-    __global float *dst = dx + offX + p * C;
-    for (int c = 0; c < C; ++c) dst[c] = 0.0f;
-    for (int i = 0; i < kh; ++i) {
-        const int ty = y + pt - i * dh;
-        if (ty < 0 || ty % sh) continue;
-        const int oy = ty / sh;
-        if (oy >= oh) continue;
-        for (int j = 0; j < kw; ++j) {
-            const int tx = xx + pl - j * dw;
-            if (tx < 0 || tx % sw) continue;
-            const int ox = tx / sw;
-            if (ox >= ow) continue;
-            __global const float *src = dcol + offCol + ((n * oh + oy) * ow + ox) * K
-                                        + (long)(i * kw + j) * cg;
-            for (int g = 0; g < groups; ++g)
-                for (int c = 0; c < cg; ++c) dst[g * cg + c] += src[(long)g * kh * kw * cg + c];
+    const long gstride = (long)kh * kw * cg;
+    __global float *row = dx + offX + r * W * C;
+    for (long q = 0; q < (long)W * C; ++q) row[q] = 0.0f;
+    const int py = y + pt;
+    const int oy1 = min(oh - 1, py / sh);
+    for (int oy = out_lo(py, kh, sh, dh); oy <= oy1; ++oy) {
+        const int ry = py - oy * sh;
+        if (ry % dh) continue;
+        const int i = ry / dh;
+        __global const float *srow = dcol + offCol + (n * oh + oy) * (long)ow * K
+                                     + (long)i * kw * cg;
+        for (int xx = 0; xx < W; ++xx) {
+            __global float *dst = row + (long)xx * C;
+            const int px = xx + pl;
+            const int ox1 = min(ow - 1, px / sw);
+            for (int ox = out_lo(px, kw, sw, dw); ox <= ox1; ++ox) {
+                const int rx = px - ox * sw;
+                if (rx % dw) continue;
+                __global const float *src = srow + (long)ox * K + (long)(rx / dw) * cg;
+                for (int g = 0; g < groups; ++g)
+                    for (int c = 0; c < cg; ++c) dst[g * cg + c] += src[g * gstride + c];
+            }
         }
     }
 }
@@ -231,7 +256,16 @@ __kernel void unlift3(__global const float *dy, const long offDy, __global float
 __kernel void colsum(__global const float *dy, const long offDy, const long rows, const int F,
                      __global float *db, const long offDb, const int beta)
 {
+    // One work-item per 16 columns (one vector load per row) when F is a multiple of 16.
     const int o = get_global_id(0);
+    if (F % 16 == 0) {
+        if (o * 16 >= F) return;
+        float16 s = (float16)(0.0f);
+        for (long r = 0; r < rows; ++r) s += vload16(0, dy + offDy + r * F + o * 16);
+        if (beta) s += vload16(0, db + offDb + o * 16);
+        vstore16(s, 0, db + offDb + o * 16);
+        return;
+    }
     float s = 0.0f;
     for (long r = 0; r < rows; ++r) s += dy[offDy + r * F + o];
     db[offDb + o] = beta ? db[offDb + o] + s : s;

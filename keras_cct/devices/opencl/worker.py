@@ -287,7 +287,7 @@ class Conv:
     def _im2col(self, n0, nb, col, offX):
         g, e = self.g, self.e
         hw, rest = self._conv_args()
-        e.kernel("im2col")(e.queue, (self.kk, nb * g["oh"] * g["ow"]), None,
+        e.kernel("im2col")(e.queue, (g["kh"], nb * g["oh"]), None,
                            e.abuf, np.int64(offX + n0 * g["H"] * g["W"] * g["C"]), col,
                            np.int64(0), *hw, np.int32(g["C"]), *rest)
 
@@ -326,7 +326,7 @@ class Conv:
             # dcol = dy * W^T, then col2im -> dx
             e.gemm(rows, K, og, e.abuf, offdy, F, og, wt, 0, K, og * K,
                    dcol, 0, G * K, K, groups=G)
-            e.kernel("col2im")(e.queue, (nb * g["H"] * g["W"],), None, dcol, np.int64(0),
+            e.kernel("col2im")(e.queue, (nb * g["H"],), None, dcol, np.int64(0),
                                e.abuf, np.int64(off["dx"] // 4 + n0 * g["H"] * g["W"] * g["C"]),
                                *hw, np.int32(g["C"]), *rest)
             # dW (+)= col^T * dy
