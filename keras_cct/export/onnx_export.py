@@ -119,7 +119,13 @@ class _LogCapture(logging.Handler):
 
 
 def _convert(fn, specs, opset: Optional[int]):
-    """Run tf2onnx on a traced function; returns (model_proto, tf2onnx error messages)."""
+    """Run tf2onnx on a traced function; returns (model_proto, tf2onnx error messages).
+
+    tf2onnx deep-copies the whole graph (weights included) before each of its ~25 optimizer
+    passes so that it can roll a failing pass back; for a CaffeNet-sized model that copying is
+    most of the conversion time. The first attempt turns the copies off (tf2onnx's
+    ``TF2ONNX_CATCH_ERRORS`` switch); if a pass then fails, the conversion is redone with them.
+    """
     import tf2onnx
 
     logger = logging.getLogger("tf2onnx")
@@ -128,7 +134,21 @@ def _convert(fn, specs, opset: Optional[int]):
     old_propagate = logger.propagate
     logger.propagate = False  # keep tf2onnx's own error lines off the user's console
     try:
-        proto, _ = tf2onnx.convert.from_function(fn, input_signature=specs, opset=opset)
+        key = "TF2ONNX_CATCH_ERRORS"
+        if key in os.environ:  # the user's choice
+            proto, _ = tf2onnx.convert.from_function(fn, input_signature=specs, opset=opset)
+        else:
+            os.environ[key] = "FALSE"
+            try:
+                proto, _ = tf2onnx.convert.from_function(fn, input_signature=specs,
+                                                         opset=opset)
+            except Exception:
+                os.environ.pop(key, None)
+                capture.messages.clear()
+                proto, _ = tf2onnx.convert.from_function(fn, input_signature=specs,
+                                                         opset=opset)
+            finally:
+                os.environ.pop(key, None)
     finally:
         logger.removeHandler(capture)
         logger.propagate = old_propagate
