@@ -244,3 +244,36 @@ def test_non_tensorflow_backend_says_export_needs_tf(tmp_path):
     assert "ERR ONNX export needs the TensorFlow backend" in res.stdout, res.stderr[-2000:]
     assert "KERAS_BACKEND=tensorflow" in res.stdout
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_conversion_retries_with_tf2onnx_rollback(tmp_path, monkeypatch):
+    """The fast path (tf2onnx's rollback copies off) falls back to tf2onnx's default."""
+    import tf2onnx
+
+    real = tf2onnx.convert.from_function
+    seen = []
+
+    def flaky(*args, **kwargs):
+        seen.append(os.environ.get("TF2ONNX_CATCH_ERRORS"))
+        if seen[-1] == "FALSE":
+            raise RuntimeError("an optimizer pass failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.delenv("TF2ONNX_CATCH_ERRORS", raising=False)
+    monkeypatch.setattr(tf2onnx.convert, "from_function", flaky)
+    model = keras.Sequential([keras.Input((6, 6, 2), name="data"), H(3, 3, name="conv")])
+    _randomize(model)
+    path = export_onnx(model, tmp_path / "retry.onnx")
+    assert seen == ["FALSE", None] and "TF2ONNX_CATCH_ERRORS" not in os.environ
+    x = np.random.default_rng(5).random((2, 6, 6, 2), dtype=np.float32)
+    (got,) = _session(path).run(None, {"data": x})
+    assert rel_err(got, model.predict(x, verbose=0)) <= 1e-5
+
+
+def test_bad_arguments(tmp_path):
+    model = keras.Sequential([keras.Input((6, 6, 2)), H(3, 3)])
+    with pytest.raises(ExportError, match="batch_size"):
+        export_onnx(model, tmp_path / "x.onnx", batch_size=0)
+    with pytest.raises(ExportError, match="keras.Model"):
+        export_onnx(H(3, 3), tmp_path / "x.onnx")
+    assert list(tmp_path.iterdir()) == []
