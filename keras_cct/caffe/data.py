@@ -88,6 +88,7 @@ class DataTransformer:
         self.force_color = bool(param.force_color)
         self.force_gray = bool(param.force_gray)
         self.layer = layer
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.mean: Optional[np.ndarray] = None  # HWC, from mean_file
         self.mean_values: Optional[np.ndarray] = None
@@ -111,6 +112,18 @@ class DataTransformer:
             self.mean_path = path
         elif len(param.mean_value):
             self.mean_values = np.asarray(param.mean_value, np.float32)
+
+    def fresh(self) -> "DataTransformer":
+        """A copy whose random generator restarts from the seed (each pass over a source
+        starts the same random crop/mirror sequence, so resumed runs stay in step)."""
+        import copy
+        other = copy.copy(self)
+        other.rng = np.random.default_rng(self.seed)
+        return other
+
+    @property
+    def is_random(self) -> bool:
+        return self.mirror or (self.crop_size > 0 and self.phase == "TRAIN")
 
     def output_shape(self, shape: Tuple[int, int, int]) -> Tuple[int, int, int]:
         """The transformed shape of an ``(H, W, C)`` image."""
@@ -195,6 +208,7 @@ def _batched(records: Callable[[], Iterator[Tuple[np.ndarray, float, str]]], bat
              ) -> Iterator[Dict[str, np.ndarray]]:
     """Group an endless record stream into batches, transforming each image."""
     it = records()
+    transform = transform.fresh() if transform is not None else None
     while True:
         imgs, labels = [], []
         for _ in range(batch_size):
@@ -290,9 +304,9 @@ def _image_data_source(layer, phase, base_dirs, seed) -> DataSource:
     shapes = {tops[0]: transform.output_shape(img0.shape)}
     if len(tops) > 1:
         shapes[tops[1]] = ()
-    rng = np.random.default_rng(seed)
-
     def records():
+        rng = np.random.default_rng(seed)
+
         def once():
             order = np.arange(len(items))
             if p.shuffle:
@@ -349,10 +363,10 @@ def _hdf5_source(layer, phase, base_dirs, seed) -> DataSource:
     for t in tops:
         if len(shapes[t]) == 1 and shapes[t][0] == 1:
             shapes[t] = ()
-    rng = np.random.default_rng(seed)
     bs = int(p.batch_size)
 
     def gen():
+        rng = np.random.default_rng(seed)
         buf: Dict[str, List[np.ndarray]] = {t: [] for t in tops}
         count = 0
         while True:
@@ -410,12 +424,13 @@ def _memory_source(layer, arrays: Optional[Mapping[str, np.ndarray]], seed,
 
     def gen():
         i = 0
+        tr = transform.fresh() if transform is not None else None
         while True:
             idx = [(i + k) % n for k in range(bs)]
             i = (i + bs) % n
             batch = {t: a[idx] for t, a in data.items()}
             if transform is not None:
-                batch[tops[0]] = np.stack([transform(img) for img in batch[tops[0]]])
+                batch[tops[0]] = np.stack([tr(img) for img in batch[tops[0]]])
             yield batch
 
     return DataSource(layer.name, layer.type, tops, bs, shapes, n, gen)

@@ -44,6 +44,20 @@ def _lmdb():
     return lmdb
 
 
+# py-lmdb allows one open environment per database and process: readers share it.
+_ENVS: dict = {}
+
+
+def _env_key(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def _drop_env(path: str) -> None:
+    env = _ENVS.pop(_env_key(path), None)
+    if env is not None:
+        env.close()
+
+
 def _cv2():
     try:
         import cv2
@@ -134,6 +148,7 @@ def write_datums(path: PathLike, datums: Iterable[Tuple[str, "proto.Datum"]], *,
     """
     lmdb = _lmdb()
     path = str(path)
+    _drop_env(path)
     if os.path.exists(os.path.join(path, "data.mdb")):
         if not overwrite:
             raise DataError("an LMDB already exists there", path=path,
@@ -316,11 +331,15 @@ class DatumReader:
         if subdir and not os.path.exists(os.path.join(path, "data.mdb")):
             raise DataError("LMDB not found (no data.mdb)", path=path,
                             hint="create it with `cct data` or Caffe's convert_imageset")
-        try:
-            self._env = lmdb.open(path, readonly=True, lock=False, readahead=False,
-                                  subdir=subdir, max_readers=64)
-        except lmdb.Error as exc:
-            raise DataError(f"cannot open the LMDB: {exc}", path=path) from None
+        env = _ENVS.get(_env_key(path))
+        if env is None:
+            try:
+                env = lmdb.open(path, readonly=True, lock=False, readahead=False,
+                                subdir=subdir, max_readers=126)
+            except lmdb.Error as exc:
+                raise DataError(f"cannot open the LMDB: {exc}", path=path) from None
+            _ENVS[_env_key(path)] = env
+        self._env = env
         self.path = path
         self.length = int(self._env.stat()["entries"])
         if self.length == 0:
@@ -352,7 +371,7 @@ class DatumReader:
         return next(iter(self.items()))
 
     def close(self) -> None:
-        self._env.close()
+        """Release this reader (the environment stays open for other readers)."""
 
     def __enter__(self):
         return self

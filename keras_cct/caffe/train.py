@@ -510,9 +510,16 @@ class Solver:
             base = [os.path.dirname(os.path.abspath(state_path))]
             learned = resolve_path(state.learned_net, base)
             if not os.path.exists(learned):
-                raise CaffeFormatError(f"the weights it names ({state.learned_net}) were not "
-                                       f"found", path=state_path,
-                                       hint="put the .caffemodel beside the .solverstate")
+                # snapshots are often renamed or moved in pairs: PREFIX_iter_N.solverstate
+                # goes with PREFIX_iter_N.caffemodel beside it
+                twin = os.path.splitext(state_path)[0] + ".caffemodel"
+                if not os.path.exists(twin):
+                    raise CaffeFormatError(
+                        f"the weights it names ({state.learned_net}) were not found, nor "
+                        f"{os.path.basename(twin)} beside it", path=state_path,
+                        hint="put the snapshot's .caffemodel beside the .solverstate")
+                self.log(f"{state.learned_net} not found; using {twin}")
+                learned = twin
         from keras_cct.caffe.prototxt import blob_to_array
         blobs = [blob_to_array(b) for b in state.history]
         # validate history shapes before touching weights
