@@ -277,3 +277,20 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(ExportError, match="keras.Model"):
         export_onnx(H(3, 3), tmp_path / "x.onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_nested_model_convs_are_rewritten(tmp_path):
+    block = keras.Sequential([keras.Input((7, 7, 3)), H(4, 3, padding=((0, 1), (1, 0)),
+                                                         groups=1, name="inner"),
+                              keras.layers.ReLU(name="inner_relu")], name="block")
+    inp = keras.Input((7, 7, 3), name="data")
+    out = H(2, 1, name="head")(block(inp))
+    model = keras.Model(inp, out)
+    _randomize(model)
+    _randomize(block)
+    path = export_onnx(model, tmp_path / "nested.onnx")
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("Conv") == 2 and not LOWERING_OPS & set(ops), ops
+    x = np.random.default_rng(6).random((7, 7, 7, 3), dtype=np.float32)
+    (got,) = _session(path).run(None, {"data": x})
+    assert rel_err(got, model.predict(x, verbose=0)) <= 1e-5
