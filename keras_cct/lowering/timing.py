@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Union
 
 import keras
 import numpy as np
@@ -11,11 +11,23 @@ import numpy as np
 from keras_cct.lowering.geometry import ConvGeometry
 
 
-def make_step(geo: ConvGeometry, lowering: str, x: np.ndarray, kernel: np.ndarray, *,
-              training: bool = True, jit_compile: bool = False) -> Callable[[], None]:
+def make_step(geo: ConvGeometry, lowering: Union[str, Callable], x: np.ndarray,
+              kernel: np.ndarray, *, training: bool = True,
+              jit_compile: bool = False) -> Callable[[], None]:
     """A no-argument callable running ``lowering`` on ``x``/``kernel`` (and the gradients of
-    ``sum(y * r)`` with respect to both, if ``training``)."""
-    from keras_cct.lowering.conv import conv2d_geo
+    ``sum(y * r)`` with respect to both, if ``training``).
+
+    ``lowering`` is a lowering name or any ``fn(x, kernel, geo)`` computing the convolution.
+    """
+    from keras_cct.lowering.conv import conv2d_geo as _conv2d_geo
+
+    if callable(lowering):
+        conv_fn = lowering
+
+        def conv2d_geo(xx, kk, g, _name):
+            return conv_fn(xx, kk, g)
+    else:
+        conv2d_geo = _conv2d_geo
 
     backend = keras.backend.backend()
     r = np.random.default_rng(1).standard_normal(
