@@ -78,6 +78,11 @@ def _input_structure(model):
 
 def _output_names(model) -> List[str]:
     outputs = list(getattr(model, "outputs", None) or [])
+    if not outputs:
+        try:
+            outputs = _flat(model.output)
+        except (AttributeError, ValueError):
+            outputs = []
     names = getattr(model, "output_names", None)
     if names is not None and len(names) == len(outputs):
         return list(names)
@@ -366,6 +371,8 @@ def to_onnx_proto(model: keras.Model, *, opset: Optional[int] = None,
         problems = [f"tf2onnx failed: {type(exc).__name__}: {str(exc)[:500]}"]
     if problems:
         raise _diagnose(export_model, proto, problems, messages, opset)
+    if len(out_names) != len(proto.graph.output):
+        out_names = [f"output_{i}" for i in range(len(proto.graph.output))]
     _rename_io(proto, in_names, out_names)
     proto.graph.name = model.name
     from keras_cct import __version__

@@ -212,6 +212,29 @@ def test_subclassed_model_with_hybrid_conv_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_subclassed_model_without_hybrid_conv_exports(tmp_path):
+    class Plain(keras.Model):
+        def __init__(self):
+            super().__init__(name="plain")
+            self.conv = keras.layers.Conv2D(2, 3, name="conv")
+
+        def call(self, x):
+            return self.conv(x)
+
+    model = Plain()
+    model(keras.Input((6, 6, 1), name="img"))
+    path = export_onnx(model, tmp_path / "p.onnx")
+    sess = _session(path)
+    assert [i.name for i in sess.get_inputs()] == ["img"]
+    assert [o.name for o in sess.get_outputs()] == ["plain"]
+    x = np.random.default_rng(7).random((3, 6, 6, 1), dtype=np.float32)
+    assert rel_err(sess.run(None, {"img": x})[0], model.predict(x, verbose=0)) <= 1e-5
+    eager = Plain()
+    eager(np.zeros((1, 6, 6, 1), np.float32))  # no symbolic inputs: refused
+    with pytest.raises(ExportError, match="no known inputs"):
+        export_onnx(eager, tmp_path / "e.onnx")
+
+
 def test_cli_export_keras_file(tmp_path, capsys):
     from keras_cct.cli import main
 
