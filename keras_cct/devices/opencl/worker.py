@@ -505,25 +505,51 @@ class Worker:
         return None
 
     def cmd_calibrate(self, M=2048, N=256, K=1024, seconds=0.3):
-        """SGEMM GFLOP/s on worker-local buffers (no shared memory involved)."""
+        """SGEMM GFLOP/s of keras_cct's kernel on worker-local buffers (no shared memory)."""
+        return self.cmd_bench_gemm(M, N, K, seconds=seconds)["gflops"]
+
+    def cmd_bench_gemm(self, M, N, K, trans_a=False, seconds=0.3, library="own"):
+        """Time ``C = op(A) B`` on worker-local buffers; checks the result first.
+
+        ``library``: ``"own"`` (kernels.cl) or ``"clblast"`` (pyclblast, when installed).
+        Returns ``{"gflops": float, "seconds": per GEMM}``.
+        """
         e = self.engine
         cl = e.cl
         rng = np.random.default_rng(0)
-        a = rng.standard_normal((M, K), dtype=np.float32)
+        a = rng.standard_normal((K, M) if trans_a else (M, K), dtype=np.float32)
         b = rng.standard_normal((K, N), dtype=np.float32)
-        A = e.to_scratch("cal_a", a)
-        B = e.to_scratch("cal_b", b)
-        C = e.scratch("cal_c", 4 * M * N)
-        run = lambda: e.gemm(M, N, K, A, 0, K, 0, B, 0, N, 0, C, 0, N, 0)  # noqa: E731
+        if library == "own":
+            A = e.to_scratch("cal_a", a)
+            B = e.to_scratch("cal_b", b)
+            C = e.scratch("cal_c", 4 * M * N)
+            lda = M if trans_a else K
+            run = lambda: e.gemm(M, N, K, A, 0, lda, 0, B, 0, N, 0, C, 0, N, 0,  # noqa: E731
+                                 trans_a=trans_a)
+        elif library == "clblast":
+            try:
+                import pyclblast
+                import pyopencl.array as cla
+            except ImportError as exc:
+                raise RequestError(f"pyclblast is not installed: {exc}") from None
+            A, B = cla.to_device(e.queue, a), cla.to_device(e.queue, b)
+            Carr = cla.empty(e.queue, (M, N), np.float32)
+            C = Carr.data
+            run = lambda: pyclblast.gemm(e.queue, M, N, K, A, B, Carr,  # noqa: E731
+                                         a_ld=M if trans_a else K, b_ld=N, c_ld=N,
+                                         a_transp=bool(trans_a))
+        else:
+            raise RequestError(f"unknown GEMM library {library!r}")
         run()
         e.queue.finish()
         c = np.empty((M, N), np.float32)
         cl.enqueue_copy(e.queue, c, C)
         e.queue.finish()
-        ref = a[:64].astype(np.float64) @ b
-        err = float(np.abs(c[:64] - ref).max() / np.abs(ref).max())
+        rows = min(M, 64)
+        ref = (a.T[:rows] if trans_a else a[:rows]).astype(np.float64) @ b
+        err = float(np.abs(c[:rows] - ref).max() / max(np.abs(ref).max(), 1e-30))
         if err > 1e-4:
-            raise RequestError(f"SGEMM calibration computed wrong values (rel. error {err:.2e})")
+            raise RequestError(f"SGEMM ({library}) computed wrong values (rel. error {err:.2e})")
         n, t0 = 0, time.perf_counter()
         while True:
             run()
@@ -532,7 +558,7 @@ class Worker:
             dt = time.perf_counter() - t0
             if dt >= seconds and n >= 2:
                 break
-        return 2.0 * M * N * K * n / dt / 1e9
+        return {"gflops": 2.0 * M * N * K * n / dt / 1e9, "seconds": dt / n}
 
     def cmd_crash(self):
         os._exit(3)
