@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import keras
 
@@ -22,7 +22,6 @@ from keras_cct.errors import ExportError
 
 #: ONNX protobufs above this size cannot be serialized in one message.
 _PROTOBUF_LIMIT = 2 ** 31 - 1
-_TF_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-/]*$")
 
 
 def _export_error(message: str, layer: Optional[str] = None) -> ExportError:
@@ -128,7 +127,7 @@ def _convert(fn, specs, opset: Optional[int]):
 
     tf2onnx deep-copies the whole graph (weights included) before each of its ~25 optimizer
     passes so that it can roll a failing pass back; for a CaffeNet-sized model that copying is
-    most of the conversion time. The first attempt turns the copies off (tf2onnx's
+    a large part of the conversion time (21 s of 86 s in one profile). The first attempt turns the copies off (tf2onnx's
     ``TF2ONNX_CATCH_ERRORS`` switch); if a pass then fails, the conversion is redone with them.
     """
     import tf2onnx
@@ -332,6 +331,9 @@ def _write_atomic(data: bytes, path: Path) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; give the usual mode
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -317,3 +317,12 @@ def test_nested_model_convs_are_rewritten(tmp_path):
     x = np.random.default_rng(6).random((7, 7, 7, 3), dtype=np.float32)
     (got,) = _session(path).run(None, {"data": x})
     assert rel_err(got, model.predict(x, verbose=0)) <= 1e-5
+
+
+def test_written_file_has_the_usual_mode(tmp_path):
+    model = keras.Sequential([keras.Input((4, 4, 1), name="data"), H(1, 3, name="conv")])
+    path = export_onnx(model, tmp_path / "sub" / "m.onnx")  # the folder is created
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (path.stat().st_mode & 0o777) == (0o666 & ~umask)
+    assert [p.name for p in path.parent.iterdir()] == ["m.onnx"]
