@@ -421,8 +421,9 @@ class Solver:
         src = {l.name: l for l in self.train_model.net.layers if l.weights}
         for layer in test_model.net.layers:
             if layer.weights and layer.name in src:
+                # a copy: the JAX backend donates the train variables' buffers each step
                 for dst, s in zip(layer.weights, src[layer.name].weights):
-                    dst.assign(s.value)
+                    dst.assign(keras.ops.convert_to_numpy(s.value))
 
     # -- history <-> Caffe blobs -------------------------------------------------------------
     def _slot_of(self) -> Dict[int, int]:
