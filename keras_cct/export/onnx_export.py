@@ -19,15 +19,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import keras
 
 from keras_cct.errors import ExportError
+from keras_cct.export.rewrite import export_error as _export_error
 
 #: ONNX protobufs above this size cannot be serialized in one message.
 _PROTOBUF_LIMIT = 2 ** 31 - 1
-
-
-def _export_error(message: str, layer: Optional[str] = None) -> ExportError:
-    err = ExportError(message)
-    err.layer = layer  # type: ignore[attr-defined]
-    return err
 
 
 def _require_tensorflow() -> None:

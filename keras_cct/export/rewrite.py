@@ -27,6 +27,13 @@ from keras_cct.lowering.geometry import normalize_pair, normalize_padding
 Pads = Tuple[Tuple[int, int], Tuple[int, int]]
 
 
+def export_error(message: str, layer: Optional[str] = None) -> ExportError:
+    """An :class:`ExportError` whose ``layer`` attribute names the layer (or is None)."""
+    err = ExportError(message)
+    err.layer = layer  # type: ignore[attr-defined]
+    return err
+
+
 class ExportConv2D(keras.layers.Layer):
     """A 2-D convolution traced as a single TensorFlow ``Conv2D`` op (TensorFlow backend only).
 
@@ -130,13 +137,13 @@ def needs_rewrite(layer) -> bool:
 def export_conv_for(layer) -> ExportConv2D:
     """The :class:`ExportConv2D` equal to ``layer`` (same name, arguments and weights)."""
     if not layer.built:
-        raise ExportError(f"layer '{layer.name}' ({type(layer).__name__}) was never built, so "
-                          f"it has no weights to export (call the model on data or build it "
-                          f"with an input shape first)")
+        raise export_error(f"layer '{layer.name}' ({type(layer).__name__}) was never built, "
+                           f"so it has no weights to export (call the model on data or build "
+                           f"it with an input shape first)", layer.name)
     padding = layer.padding
     if isinstance(padding, str) and padding.lower() == "causal":
-        raise ExportError(f"layer '{layer.name}': padding='causal' is not supported by the "
-                          f"export (use 'valid' with explicit padding)")
+        raise export_error(f"layer '{layer.name}': padding='causal' is not supported by the "
+                           f"export (use 'valid' with explicit padding)", layer.name)
     return ExportConv2D(
         layer.filters, layer.kernel_size, strides=layer.strides, padding=padding,
         data_format=layer.data_format, dilation_rate=layer.dilation_rate,
@@ -146,7 +153,11 @@ def export_conv_for(layer) -> ExportConv2D:
 
 
 def _is_graph_model(model) -> bool:
-    from keras.src.models.functional import Functional  # Sequential is a Functional
+    """Functional or Sequential (the models whose layer graph Keras knows)."""
+    try:  # Keras has no public name for the class of keras.Model(inputs, outputs)
+        from keras.src.models.functional import Functional
+    except ImportError:  # pragma: no cover
+        return isinstance(model, keras.Sequential) or hasattr(model, "_run_through_graph")
     return isinstance(model, (keras.Sequential, Functional))
 
 
@@ -182,20 +193,20 @@ def rewrite_for_export(model: keras.Model) -> keras.Model:
         return model
     if not _is_graph_model(model):
         name = targets[0][0]
-        raise ExportError(
+        raise export_error(
             f"model '{model.name}' ({type(model).__name__}) is a subclassed model and its "
             f"layer '{name}' ({type(targets[0][1]).__name__}) must be rewritten into a plain "
             f"convolution for export, which needs the model's graph: build the model with the "
-            f"Functional API or keras.Sequential")
+            f"Functional API or keras.Sequential", name)
 
     def clone(layer):
         if needs_rewrite(layer):
             return export_conv_for(layer)
         if _is_graph_model(layer) is False and _find_rewrite_targets(layer):
-            raise ExportError(
+            raise export_error(
                 f"layer '{layer.name}' ({type(layer).__name__}) is a subclassed layer that "
                 f"contains a HybridConv2D, which the export cannot rewire; build it with the "
-                f"Functional API or keras.Sequential")
+                f"Functional API or keras.Sequential", layer.name)
         return layer  # shared: same object, same weights
 
     try:
@@ -203,6 +214,6 @@ def rewrite_for_export(model: keras.Model) -> keras.Model:
     except ExportError:
         raise
     except Exception as exc:  # Keras refuses to clone this graph
-        raise ExportError(f"model '{model.name}': rewriting its convolutions for export "
-                          f"failed: {type(exc).__name__}: {exc}") from exc
+        raise export_error(f"model '{model.name}': rewriting its convolutions for export "
+                           f"failed: {type(exc).__name__}: {exc}") from exc
 
