@@ -126,8 +126,9 @@ def test_grouped_keras_conv2d_and_channels_first(tmp_path):
     out = keras.layers.Conv2D(6, 3, groups=2, padding="same", name="grouped")(x)
     model = keras.Model(inp, out)
     _randomize(model)
-    path = export_onnx(model, tmp_path / "g.onnx", batch_size=3)
+    path = export_onnx(model, tmp_path / "g.onnx", batch_size=3, opset=17)
     proto = onnx.load(str(path))
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 17
     assert [n.op_type for n in proto.graph.node].count("Conv") == 2
     assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 3
     x = np.random.default_rng(2).random((3, 6, 9, 9), dtype=np.float32)
