@@ -87,10 +87,19 @@ class CaffeNet:
     phase: str
     caffe_names: Dict[str, str] = field(default_factory=dict)
     output_layer_names: List[str] = field(default_factory=list)
+    blobs: Dict[str, object] = field(default_factory=dict, repr=False)
 
     def caffe_input_shapes(self) -> Dict[str, Shape]:
         """Model inputs in Caffe's (N, C, H, W) order."""
         return {k: cl.caffe_shape(v) for k, v in self.inputs.items()}
+
+    def submodel(self, blob_names: Sequence[str]) -> keras.Model:
+        """A model with the same inputs whose outputs are the named blobs (their final value,
+        after any in-place layers), e.g. to extract features at ``"pool5"``."""
+        missing = [b for b in blob_names if b not in self.blobs]
+        if missing:
+            raise KeyError(f"unknown blob(s) {missing}; known: {sorted(self.blobs)}")
+        return keras.Model(self.model.inputs, [self.blobs[b] for b in blob_names])
 
 
 # --------------------------------------------------------------------------------------------
@@ -532,13 +541,13 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
             for top, cshape in zip(lp.top, _data_top_shapes(ctx, lp, input_shapes)):
                 add_input(top, cshape)
             continue
+        if t in HEAD_TYPES and _drop_heads:
+            continue
         for b in lp.bottom:
             if b in available:
                 available.remove(b)
             consumed.add(b)
         if t in HEAD_TYPES:
-            if _drop_heads:
-                continue
             lw = (float(lp.loss_weight[0]) if len(lp.loss_weight)
                   else (1.0 if t in _LOSS_TYPES else 0.0))
             heads.append(Head(lp.name, t, list(lp.bottom), list(lp.top), lw, lp))
@@ -623,7 +632,7 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
     return CaffeNet(model=model, inputs={top: inputs[top] for top, _ in keep_inputs},
                     heads=heads, outputs=out_names, net_param=net,
                     phase="TRAIN" if ph == proto.TRAIN else "TEST", caffe_names=caffe_names,
-                    output_layer_names=output_layer_names)
+                    output_layer_names=output_layer_names, blobs=dict(blobs))
 
 
 # --------------------------------------------------------------------------------------------
