@@ -364,6 +364,7 @@ class Solver:
         self.smoothed_loss = 0.0
         self.images_per_second = 0.0
         self.train_seconds = 0.0
+        self.last_test: Optional[Tuple[int, int, Dict[str, float]]] = None
 
     # -- construction helpers -----------------------------------------------------------------
     def _read_net_param(self):
@@ -644,8 +645,10 @@ class Solver:
         model = self.test_nets[index]
         self.log(f"Iteration {self.iter}, Testing net (#{index})")
         self._share_weights(model)
-        return run_test(model, self.test_sources[index], int(p.test_iter[index]), log=self.log,
-                        compute_loss=bool(p.test_compute_loss))
+        scores = run_test(model, self.test_sources[index], int(p.test_iter[index]),
+                          log=self.log, compute_loss=bool(p.test_compute_loss))
+        self.last_test = (self.iter, index, scores)
+        return scores
 
     def test_all(self) -> List[Dict[str, float]]:
         """Run every test net (Caffe's ``TestAll``)."""
