@@ -50,7 +50,8 @@ def conv2d_on(device: str, x, kernel, bias=None, *, strides=1, padding: PaddingA
         padding: ``"valid"``, ``"same"``, int, ``(pad_h, pad_w)`` or
             ``((top, bottom), (left, right))``.
         groups: channel groups.
-        lowering: ``"auto"``, ``"type1"`` (im2col) or ``"type3"`` (shift-and-add).
+        lowering: ``"auto"``, ``"type1"`` (im2col), ``"type2"`` (lowered along the height) or
+            ``"type3"`` (shift-and-add).
 
     Returns:
         ``(batch, out_h, out_w, filters)`` float32 tensor; its gradients with respect to ``x``,

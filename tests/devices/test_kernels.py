@@ -35,7 +35,7 @@ def _data(case, seed):
     return x, k, b, kwargs
 
 
-@pytest.mark.parametrize("lowering", ["type1", "type3"])
+@pytest.mark.parametrize("lowering", ["type1", "type2", "type3"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_conv_forward_backward_matches_reference(opencl_device, case, lowering):
     x, k, b, kw = _data(CASES[case], case)
@@ -60,7 +60,7 @@ def test_batch_partitions_give_the_same_result(opencl_device, monkeypatch):
     ref = R.conv2d(x, k, b, 1, 1, 1, 2)
     rdx, rdk, rdb = R.conv2d_grads(x, k, dy, 1, 1, 1, 2)
     monkeypatch.setattr(conv, "CHUNK_BYTES", 1)  # one image per partition
-    for lowering in ("type1", "type3"):
+    for lowering in ("type1", "type2", "type3"):
         assert R.rel_err(conv2d_forward(opencl_device, x, k, b, lowering=lowering, **kw),
                          ref) <= TOL
         dx, dk, db = conv2d_backward(opencl_device, x, k, dy, lowering=lowering, **kw)

@@ -16,7 +16,7 @@ from keras_cct.errors import DeviceError, LoweringError
 from keras_cct.lowering.geometry import ConvGeometry, PaddingArg, conv_geometry
 from keras_cct.devices.opencl.client import client_for
 
-LOWERINGS = ("type1", "type3")
+LOWERINGS = ("type1", "type2", "type3")
 #: Bytes of lowered data (im2col or Type 3 GEMM output) per batch partition.
 CHUNK_BYTES = 8 << 20
 
@@ -63,7 +63,8 @@ def conv2d_forward(device: str, x, kernel, bias=None, *, strides=1,
         kernel: ``(kh, kw, channels // groups, filters)`` float32 (Keras' Conv2D layout).
         bias: ``(filters,)`` float32 or None.
         strides, padding, dilation_rate, groups: as :func:`conv_geometry`.
-        lowering: ``"type1"`` (im2col), ``"type3"`` (shift-and-add) or ``"auto"``.
+        lowering: ``"type1"`` (im2col), ``"type2"`` (lowered along the height, lifted along
+            the width), ``"type3"`` (shift-and-add) or ``"auto"``.
 
     Returns:
         ``(batch, out_h, out_w, filters)`` float32.

@@ -1,5 +1,7 @@
 // keras_cct OpenCL kernels: SGEMM, Type 1 (im2col / col2im) and Type 3 (shift-and-add lifting)
-// lowerings of a channels-last float32 convolution, bias and their backward passes.
+// lowerings of a channels-last float32 convolution, bias and their backward passes. Type 2
+// (lowered along the height, lifted along the width) reuses im2col/col2im and lift3/unlift3 on
+// one axis each (see worker.py).
 //
 // All buffers are passed as (pointer, element offset) so that one buffer over the worker's
 // shared-memory arena can hold every input and output. Matrices are row-major.

@@ -274,8 +274,10 @@ class Conv:
         self.kk = g["kh"] * g["kw"]
         self.chunk_bytes = max(int(chunk_bytes), 1)
 
-    def _conv_args(self):
-        g = self.g
+    def _conv_args(self, **override):
+        """Kernel arguments (H, W) and (groups, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow); Type 2
+        reuses the Type 1 and Type 3 kernels on one axis by overriding some of them."""
+        g = dict(self.g, **override)
         i32 = np.int32
         return [i32(g[k]) for k in ("H", "W")], [i32(g[k]) for k in (
             "groups", "kh", "kw", "sh", "sw", "dh", "dw", "pt", "pl", "oh", "ow")]
@@ -336,6 +338,82 @@ class Conv:
                 e.kernel("colsum")(e.queue, (F,), None, e.abuf, np.int64(offdy),
                                    np.int64(rows), np.int32(F), e.abuf,
                                    np.int64(off["db"] // 4), np.int32(n0 > 0))
+
+    # Type 2 ------------------------------------------------------------------------------------
+    # Lower along the height only: D2[(n, oy, x), (g, i, c)] (im2col with a 1-wide kernel over
+    # every input column), GEMM with W2[g] = (kh*cg, kw*og) into T2[(n, oy, x), (g, j, o)], then
+    # a kw-way lifting along the width (lift3 with a 1-high kernel over the oh output rows).
+    def _lower2(self):
+        return self._conv_args(kw=1, sw=1, dw=1, pl=0, ow=self.g["W"])
+
+    def _lift2(self):
+        return self._conv_args(H=self.g["oh"], kh=1, sh=1, dh=1, pt=0)
+
+    def _w2(self, off):
+        g = self.g
+        w = self.e.view(off["w"], (g["kh"], g["kw"], self.cg, g["groups"], self.og))
+        return np.transpose(w, (3, 0, 2, 1, 4))  # (G, kh, cg, kw, og)
+
+    def forward2(self, off):
+        g, e = self.g, self.e
+        G, cg, og, F, W = g["groups"], self.cg, self.og, g["F"], g["W"]
+        K, L = g["kh"] * cg, g["kw"] * og
+        rows_img = g["oh"] * W
+        w2 = e.to_scratch("w2", self._w2(off))
+        nbc = self._chunk(rows_img * G * (K + L))
+        D = e.scratch("col", nbc * rows_img * G * K * 4)
+        T = e.scratch("t2", nbc * rows_img * G * L * 4)
+        (lhw, lrest), (fhw, frest) = self._lower2(), self._lift2()
+        has_b = off.get("b") is not None
+        for n0 in range(0, g["N"], nbc):
+            nb = min(nbc, g["N"] - n0)
+            e.kernel("im2col")(e.queue, (g["kh"], nb * g["oh"]), None, e.abuf,
+                               np.int64(off["x"] // 4 + n0 * g["H"] * W * g["C"]), D,
+                               np.int64(0), *lhw, np.int32(g["C"]), *lrest)
+            e.gemm(nb * rows_img, L, K, D, 0, G * K, K, w2, 0, L, K * L, T, 0, G * L, L,
+                   groups=G)
+            e.kernel("lift3")(e.queue, (nb * g["oh"] * g["ow"],), None, T, np.int64(0), e.abuf,
+                              np.int64(off["y"] // 4 + n0 * g["oh"] * g["ow"] * F),
+                              e.abuf, np.int64((off.get("b") or 0) // 4), np.int32(has_b),
+                              *fhw, np.int32(F), *frest)
+
+    def backward2(self, off):
+        g, e = self.g, self.e
+        G, cg, og, F, W = g["groups"], self.cg, self.og, g["F"], g["W"]
+        K, L = g["kh"] * cg, g["kw"] * og
+        rows_img = g["oh"] * W
+        w2 = self._w2(off).reshape(G, K, L)
+        w2t = e.to_scratch("w2t", np.transpose(w2, (0, 2, 1)))  # (G, L, K)
+        dw2 = e.scratch("dw2", G * K * L * 4)
+        nbc = self._chunk(rows_img * G * (2 * K + L))
+        D = e.scratch("col", nbc * rows_img * G * K * 4)
+        dD = e.scratch("dcol", nbc * rows_img * G * K * 4)
+        dT = e.scratch("t2", nbc * rows_img * G * L * 4)
+        (lhw, lrest), (fhw, frest) = self._lower2(), self._lift2()
+        for n0 in range(0, g["N"], nbc):
+            nb = min(nbc, g["N"] - n0)
+            rows = nb * rows_img
+            offx = off["x"] // 4 + n0 * g["H"] * W * g["C"]
+            offdy = off["dy"] // 4 + n0 * g["oh"] * g["ow"] * F
+            e.kernel("im2col")(e.queue, (g["kh"], nb * g["oh"]), None, e.abuf, np.int64(offx),
+                               D, np.int64(0), *lhw, np.int32(g["C"]), *lrest)
+            e.kernel("unlift3")(e.queue, (g["kw"], rows), None, e.abuf, np.int64(offdy), dT,
+                                np.int64(0), *fhw, np.int32(F), *frest)
+            e.gemm(rows, K, L, dT, 0, G * L, L, w2t, 0, K, L * K, dD, 0, G * K, K, groups=G)
+            e.kernel("col2im")(e.queue, (nb * g["H"],), None, dD, np.int64(0), e.abuf,
+                               np.int64(off["dx"] // 4 + n0 * g["H"] * W * g["C"]),
+                               *lhw, np.int32(g["C"]), *lrest)
+            e.gemm(K, L, rows, D, 0, G * K, K, dT, 0, G * L, L, dw2, 0, L, K * L, groups=G,
+                   trans_a=True, beta=int(n0 > 0))
+            if off.get("db") is not None:
+                e.kernel("colsum")(e.queue, (F,), None, e.abuf, np.int64(offdy),
+                                   np.int64(nb * g["oh"] * g["ow"]), np.int32(F), e.abuf,
+                                   np.int64(off["db"] // 4), np.int32(n0 > 0))
+        host = np.empty((G, g["kh"], cg, g["kw"], og), np.float32)
+        e.cl.enqueue_copy(e.queue, host, dw2)
+        e.queue.finish()
+        dw = e.view(off["dw"], (g["kh"], g["kw"], cg, G, og))
+        dw[...] = np.transpose(host, (1, 3, 2, 0, 4))
 
     # Type 3 ------------------------------------------------------------------------------------
     def _w3(self, off):
@@ -474,13 +552,10 @@ class Worker:
         s = self._conv_sizes(g)
         self._arrays(off, {k: s[k] for k in ("x", "w", "b")}, True)
         _check("y" in off, "no output offset")
-        if lowering == "type1":
-            conv.forward1(off)
-        elif lowering == "type3":
-            conv.forward3(off)
-        else:
+        if lowering not in ("type1", "type2", "type3"):
             raise RequestError(f"lowering {lowering!r} is not available on OpenCL "
-                               "(use 'type1' or 'type3')")
+                               "(use 'type1', 'type2' or 'type3')")
+        getattr(conv, "forward" + lowering[-1])(off)
         self._arrays(off, {"y": s["y"]}, False)
         self.engine.queue.finish()
         return None
@@ -493,13 +568,10 @@ class Worker:
         self._arrays(off, ins, True)
         for k in ("x", "w", "dy", "dx", "dw"):
             _check(k in off, f"no offset for {k!r}")
-        if lowering == "type1":
-            conv.backward1(off)
-        elif lowering == "type3":
-            conv.backward3(off)
-        else:
+        if lowering not in ("type1", "type2", "type3"):
             raise RequestError(f"lowering {lowering!r} is not available on OpenCL "
-                               "(use 'type1' or 'type3')")
+                               "(use 'type1', 'type2' or 'type3')")
+        getattr(conv, "backward" + lowering[-1])(off)
         self._arrays(off, outs, False)
         self.engine.queue.finish()
         return None
