@@ -31,6 +31,21 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+#: Modules whose import registers keras_cct's serializable layers (so .keras files load).
+_LAYER_MODULES = ("keras_cct.layers", "keras_cct.layers.caffe_layers", "keras_cct.caffe.builder",
+                  "keras_cct.caffe.losses")
+
+
+def _register_custom_objects() -> None:
+    import importlib
+
+    for name in _LAYER_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a part that this install does not have
+            pass
+
+
 def load_model_file(path: str, weights: str | None = None):
     """The Keras model in ``path``: a ``.keras`` file, or a Caffe ``.prototxt`` (+ weights)."""
     import keras
@@ -51,12 +66,7 @@ def load_model_file(path: str, weights: str | None = None):
     if suffix not in (".keras", ".h5", ".hdf5"):
         raise ExportError(f"{path}: expected a .keras model or a Caffe .prototxt, got "
                           f"'{suffix or path}'")
-    import keras_cct.layers  # noqa: F401  (registers HybridConv2D for deserialization)
-
-    try:  # the Caffe importer's layers, when installed, so imported nets saved as .keras load
-        import keras_cct.caffe  # noqa: F401
-    except ImportError:
-        pass
+    _register_custom_objects()
     try:
         return keras.saving.load_model(path, compile=False)
     except Exception as exc:

@@ -117,3 +117,18 @@ def test_cli_export_prototxt_with_weights(tmp_path, tmp_path_factory):
     x = _inputs(model, 2)
     (got,) = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, x)
     assert rel_err(got, model.predict(x["data"], verbose=0)) <= 1e-5
+
+
+def test_cli_export_saved_caffe_net(tmp_path, tmp_path_factory):
+    """An imported net saved as .keras (Caffe layers included) exports from the file."""
+    from keras_cct.cli import main
+
+    model, _, _, _ = _exported("mtcnn_det1", tmp_path_factory)
+    saved = tmp_path / "det1.keras"
+    model.save(saved)
+    out = tmp_path / "det1.onnx"
+    assert main(["export", str(saved), "-o", str(out)]) == 0
+    x = _inputs(model, 3)
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, x)
+    for g, w in zip(got, model.predict(x["data"], verbose=0)):
+        assert rel_err(g, w) <= 1e-5
