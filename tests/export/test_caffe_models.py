@@ -120,14 +120,21 @@ def test_cli_export_prototxt_with_weights(tmp_path, tmp_path_factory):
 
 
 def test_cli_export_saved_caffe_net(tmp_path, tmp_path_factory):
-    """An imported net saved as .keras (Caffe layers included) exports from the file."""
-    from keras_cct.cli import main
+    """An imported net saved as .keras (Caffe layers included) exports from the file, with the
+    ``cct`` command in a fresh process (where nothing has registered the Caffe layers yet)."""
+    import os
+    import subprocess
+    import sys
 
     model, _, _, _ = _exported("mtcnn_det1", tmp_path_factory)
     saved = tmp_path / "det1.keras"
     model.save(saved)
     out = tmp_path / "det1.onnx"
-    assert main(["export", str(saved), "-o", str(out)]) == 0
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    res = subprocess.run([sys.executable, "-m", "keras_cct.cli", "export", str(saved), "-o",
+                          str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "wrote" in res.stdout
     x = _inputs(model, 3)
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, x)
     for g, w in zip(got, model.predict(x["data"], verbose=0)):
