@@ -153,7 +153,8 @@ def bench_conv(device, batch, layers, rounds, reps, results):
                     tape.watch(x)
                     y = fn(x)
                     loss = tf.reduce_sum(y)
-                return tape.gradient(loss, [x] + list(weights))
+                # the loss is returned too, so that the forward pass cannot be pruned
+                return [loss] + tape.gradient(loss, [x] + list(weights))
             tfn = tf.function(train)
             fwd[key] = (lambda ffn=ffn: ffn(x).numpy())
             fwdbwd[key] = (lambda tfn=tfn: [t.numpy() for t in tfn(x)])
