@@ -692,11 +692,13 @@ def random_sources(net, *, batch: Optional[int] = None, seed: int = 0,
 def build_phase_net(net_path: str, *, phase: str = "TEST", stages: Sequence[str] = (),
                     weights: Optional[str] = None, batch: Optional[int] = None,
                     random_data: bool = False, seed: Optional[int] = None,
-                    build: Optional[Callable] = None):
+                    build: Optional[Callable] = None,
+                    input_shapes: Optional[Mapping[str, Sequence[int]]] = None):
     """A net of one phase with its data: ``(CaffeTrainModel, sources, CaffeNet)``.
 
     Data layers are read from their sources (looked up beside ``net_path`` too); with
-    ``random_data`` (or for ``Input`` layers) the inputs get random arrays instead.
+    ``random_data`` (or for ``Input`` layers) the inputs get random arrays instead, of the
+    Caffe shapes in ``input_shapes`` (``{top: (N, C, H, W)}``) where given.
     """
     from keras_cct.caffe.prototxt import filter_net, read_net
     if build is None:
@@ -715,6 +717,7 @@ def build_phase_net(net_path: str, *, phase: str = "TEST", stages: Sequence[str]
                 if len(shp) == 3:
                     shp = (shp[2], shp[0], shp[1])
                 shapes[top] = (s.batch_size,) + shp
+    shapes.update({k: tuple(v) for k, v in (input_shapes or {}).items()})
     net = build(net_param, phase=phase, stages=tuple(stages), input_shapes=shapes or None,
                 source=net_path)
     if weights:

@@ -49,6 +49,43 @@ def _set_lowering_and_device(model, lowering: Optional[str], devices: Optional[s
             layer.device = device
 
 
+def keras_conv_model(model):
+    """A copy of ``model`` whose HybridConv2D layers are ``keras.layers.Conv2D`` (explicit
+    Caffe padding becomes a ``ZeroPadding2D`` in front), for comparisons. Weights are not
+    copied."""
+    import keras
+
+    def swap(layer):
+        if type(layer).__name__ != "HybridConv2D":
+            return layer.__class__.from_config(layer.get_config())
+        pad = layer.padding
+        explicit = not isinstance(pad, str)
+        conv = keras.layers.Conv2D(
+            layer.filters, layer.kernel_size, strides=layer.strides,
+            padding="valid" if explicit else pad, dilation_rate=layer.dilation_rate,
+            groups=layer.groups, use_bias=layer.use_bias, activation=layer.activation,
+            name=layer.name if not explicit or pad == ((0, 0), (0, 0)) else
+            f"{layer.name}_conv")
+        if not explicit or pad == ((0, 0), (0, 0)):
+            return conv
+        return keras.Sequential([keras.layers.ZeroPadding2D(pad), conv], name=layer.name)
+
+    return keras.models.clone_model(model, clone_function=swap)
+
+
+def _parse_shapes(items) -> dict:
+    shapes = {}
+    for item in items or ():
+        name, _, dims = item.partition("=")
+        try:
+            shapes[name.strip()] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise KerasCCTError(f"--input-shape {item!r}: expected NAME=N,C,H,W") from None
+        if not name.strip() or not shapes[name.strip()]:
+            raise KerasCCTError(f"--input-shape {item!r}: expected NAME=N,C,H,W")
+    return shapes
+
+
 def _train(args: argparse.Namespace) -> int:
     from keras_cct.caffe.solver import load_solver
     if args.weights and args.snapshot:
@@ -158,22 +195,27 @@ def _time(args: argparse.Namespace) -> int:
     from keras_cct.caffe.train import build_phase_net
     model, sources, net = build_phase_net(args.model, phase=args.phase, stages=args.stage or (),
                                           weights=args.weights, batch=args.batch,
-                                          random_data=args.random_data)
+                                          random_data=args.random_data,
+                                          input_shapes=_parse_shapes(args.input_shape))
     _set_lowering_and_device(model.net, args.lowering, args.devices)
+    if args.conv == "keras":
+        from keras_cct.caffe.train import CaffeTrainModel
+        model = CaffeTrainModel(keras_conv_model(model.net), model.heads, model.output_blobs,
+                                model.input_blobs, name=model.name)
     from keras_cct.caffe.data import merge_batches
     batch = next(merge_batches(sources))
     fmodel = model.net
     layers = [l for l in fmodel.layers if not isinstance(l, keras.layers.InputLayer)]
-    # every layer's input values, from one forward pass
-    probe = keras.Model(fmodel.inputs, [l.input if not isinstance(l.input, list) else l.input
-                                        for l in layers])
     feed = [batch[k] for k in model.input_blobs]
-    values = probe.predict_on_batch(feed if len(feed) > 1 else feed[0])
+    values = []
+    if args.layers:  # every layer's input values, from one forward pass
+        probe = keras.Model(fmodel.inputs, [l.input for l in layers])
+        values = probe.predict_on_batch(feed if len(feed) > 1 else feed[0])
     n = args.iterations
     print(f"*** Benchmark begins ({keras.backend.backend()} backend) ***", flush=True)
     print(f"Testing for {n} iterations.", flush=True)
     rows = []
-    for layer, xin in zip(layers, values):
+    for layer, xin in zip(layers if args.layers else [], values):
         xs = [keras.ops.convert_to_tensor(v) for v in (xin if isinstance(xin, list) else [xin])]
         fwd, bwd = _backend_timers(layer, xs)
         _block(fwd(*xs))
@@ -196,7 +238,8 @@ def _time(args: argparse.Namespace) -> int:
             tb_ms = (time.perf_counter() - t0) * 1000 / n
         lowering = getattr(layer, "chosen_lowering", None)
         rows.append((layer.name, tf_ms, tb_ms, lowering))
-    print("Average time per layer:", flush=True)
+    if rows:
+        print("Average time per layer:", flush=True)
     for name, f, b, low in rows:
         extra = f"  [lowering: {low}]" if low else ""
         print(f"{name:>24}\tforward: {f:.4f} ms.{extra}", flush=True)
@@ -223,8 +266,9 @@ def _time(args: argparse.Namespace) -> int:
         print(f"Average Forward pass: {fwd_ms:.4f} ms.", flush=True)
         print("(no loss layer in this phase: use --phase TRAIN to time backward passes of "
               "the whole net)", flush=True)
-    print(f"Total per-layer time: forward {sum(r[1] for r in rows):.4f} ms, backward "
-          f"{np.nansum([r[2] for r in rows]):.4f} ms.", flush=True)
+    if rows:
+        print(f"Total per-layer time: forward {sum(r[1] for r in rows):.4f} ms, backward "
+              f"{np.nansum([r[2] for r in rows]):.4f} ms.", flush=True)
     print("*** Benchmark ends ***", flush=True)
     return 0
 
@@ -327,6 +371,13 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, help="batch size for inputs without a data layer")
     p.add_argument("--random-data", dest="random_data", action="store_true",
                    help="feed random arrays instead of reading the data layers' sources")
+    p.add_argument("--input-shape", dest="input_shape", action="append", metavar="NAME=N,C,H,W",
+                   help="Caffe shape of an input or data-layer top (repeatable), e.g. "
+                        "data=64,3,227,227")
+    p.add_argument("--conv", choices=["hybrid", "keras"], default="hybrid",
+                   help="time the net with HybridConv2D (default) or keras.layers.Conv2D")
+    p.add_argument("--no-layers", dest="layers", action="store_false",
+                   help="skip the per-layer timings (whole-net passes only)")
     _add_device_args(p)
     p.set_defaults(func=_time)
 
