@@ -3,6 +3,7 @@
 * :class:`HybridConv2D` -- a drop-in ``keras.layers.Conv2D`` computed by lowering + GEMM +
   lifting (CcT's Type 1/2/3 lowerings), chosen per layer by a planner.
 * :mod:`keras_cct.lowering` -- the pure functions behind it, with their cost model.
+* :class:`CCTStrategy` -- split each mini-batch across devices in proportion to their FLOPS.
 * :mod:`keras_cct.devices` -- device discovery, FLOPS calibration, OpenCL kernels.
 * :mod:`keras_cct.caffe` -- Caffe prototxt / caffemodel / solver compatibility.
 * :mod:`keras_cct.export` -- ONNX export.
@@ -11,6 +12,8 @@
 __version__ = "0.1.0"
 
 from keras_cct import errors  # noqa: E402
+from keras_cct.devices import list_devices  # noqa: E402
 from keras_cct.layers import HybridConv2D  # noqa: E402
+from keras_cct.strategy import CCTStrategy, hybridize  # noqa: E402
 
-__all__ = ["HybridConv2D", "errors", "__version__"]
+__all__ = ["CCTStrategy", "HybridConv2D", "errors", "hybridize", "list_devices", "__version__"]

@@ -88,3 +88,7 @@ class WorkerError(DeviceError):
 
 class ExportError(KerasCCTError, RuntimeError):
     """A model cannot be exported; names the layer that cannot."""
+
+
+class DeviceDroppedWarning(UserWarning):
+    """A device failed during a step: its shard was recomputed elsewhere and it was dropped."""

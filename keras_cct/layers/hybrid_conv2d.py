@@ -12,6 +12,7 @@ from keras_cct.errors import LoweringError
 from keras_cct.lowering import check_lowering, choose_for, conv2d_geo, conv_geometry
 from keras_cct.lowering.geometry import (ConvGeometry, normalize_pair, normalize_padding,
                                          padding_to_config)
+from keras_cct.strategy import context as strategy_context
 
 PLANNER_MODES = ("model", "measure")
 
@@ -34,6 +35,9 @@ class HybridConv2D(keras.layers.Layer):
             ``"measure"`` (time each lowering once for this shape, cached on disk).
         device: ``None`` (compute with the current Keras backend's device) or an OpenCL device
             name such as ``"opencl:0:0"`` (see :func:`keras_cct.devices.list_devices`).
+
+    A layer created inside ``with CCTStrategy(...).scope():`` (and without ``device``) splits
+    each batch across the strategy's devices.
 
     Dilation may be combined with strides (Caffe allows it; Conv2D does not).
     """
@@ -80,6 +84,7 @@ class HybridConv2D(keras.layers.Layer):
             self._check_device(device)
         self.input_spec = InputSpec(ndim=4)
         self._plans: Dict[Tuple, Tuple[ConvGeometry, str]] = {}
+        self._strategy = strategy_context.current() if device is None else None
 
     # ------------------------------------------------------------------------------ building
 
@@ -91,8 +96,8 @@ class HybridConv2D(keras.layers.Layer):
                              f"{device!r}")
 
     @property
-    def supports_jit(self) -> bool:  # an OpenCL device is reached through a host callback
-        return self.device is None
+    def supports_jit(self) -> bool:  # OpenCL devices and strategies use host callbacks
+        return self.device is None and getattr(self, "_strategy", None) is None
 
     @supports_jit.setter
     def supports_jit(self, value) -> None:  # keras.layers.Layer assigns it in __init__
@@ -166,7 +171,10 @@ class HybridConv2D(keras.layers.Layer):
             y = conv2d_on(self.device, x, self.kernel, self.bias, strides=self.strides,
                           padding=geo.pad, dilation_rate=self.dilation_rate, groups=self.groups)
         else:
-            y = conv2d_geo(x, self.kernel, geo, lowering)
+            if self._strategy is not None:
+                y = self._strategy.split_conv(self, x, self.kernel, geo, lowering)
+            else:
+                y = conv2d_geo(x, self.kernel, geo, lowering)
             if self.use_bias:
                 y = ops.add(y, self.bias)
         if self.data_format == "channels_first":

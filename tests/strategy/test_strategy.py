@@ -1,0 +1,222 @@
+"""CCTStrategy: the split changes speed, never results (TensorFlow backend, PoCL in CI)."""
+
+import os
+import signal
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_cct import CCTStrategy, HybridConv2D, hybridize
+from keras_cct.errors import DeviceDroppedWarning, WorkerError
+from tests import reference as ref
+from tests.backend_grads import layer_grads, to_numpy
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                                reason="CCTStrategy runs on the TensorFlow backend")
+
+
+@pytest.fixture(scope="module")
+def opencl():
+    """Skip without an OpenCL platform, but fail under CI=true (CI installs PoCL)."""
+    from keras_cct.devices import list_devices
+    from tests.conftest import IN_CI
+    names = [d.name for d in list_devices(calibrate=False, sub_devices=True) if d.is_opencl]
+    if "opencl:0:0" not in names:
+        if IN_CI:
+            pytest.fail("no OpenCL device: ci/test installs PoCL (pocl-opencl-icd)")
+        pytest.skip("no OpenCL platform on this machine (install pocl-opencl-icd)")
+    return names
+
+
+def _pair(strategy, x_shape, **kw):
+    """A strategy-bound layer and an equal plain one with the same weights."""
+    with strategy.scope():
+        split = HybridConv2D(**kw)
+    split.build(x_shape)
+    plain = HybridConv2D(**kw)
+    plain.build(x_shape)
+    plain.set_weights(split.get_weights())
+    return split, plain
+
+
+@pytest.mark.parametrize("devices, fractions", [
+    (["tf:cpu:0", "opencl:0:0"], [0.7, 0.3]),
+    (["tf:cpu:0", "opencl:0:0.0", "opencl:0:0.1"], [0.5, 0.2, 0.3]),
+])
+@pytest.mark.parametrize("batch", [1, 3, 10])
+def test_outputs_and_gradients_equal_single_device(opencl, devices, fractions, batch):
+    s = CCTStrategy(devices, split=fractions, rebalance=False)
+    split, plain = _pair(s, (batch, 11, 11, 6), filters=8, kernel_size=3, strides=2,
+                         padding=1, groups=2)
+    rng = np.random.default_rng(batch)
+    x = rng.standard_normal((batch, 11, 11, 6)).astype("float32")
+    dy = rng.standard_normal((batch, 6, 6, 8)).astype("float32")
+    y, g = layer_grads(split, x, dy)
+    y0, g0 = layer_grads(plain, x, dy)
+    assert ref.rel_err(y, y0) <= 1e-5
+    for a, b in zip(g, g0):
+        assert ref.rel_err(a, b) <= 1e-5
+    sizes = [r["images"] for r in s.report()]
+    assert sum(sizes) == batch
+    expected = np.diff(np.round(np.cumsum(fractions) * batch).astype(int), prepend=0)
+    assert sizes == list(expected)
+
+
+def _model(strategy=None):
+    keras.utils.set_random_seed(3)
+    scope = strategy.scope() if strategy else _nullscope()
+    with scope:
+        inp = keras.Input((12, 12, 3))
+        h = HybridConv2D(8, 3, padding=1, activation="relu", lowering="type1")(inp)
+        h = HybridConv2D(6, 3, strides=2, padding=1, groups=2, lowering="type3")(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(3)(h))
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _nullscope:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _data(n=20):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, 12, 12, 3)).astype("float32")
+    return x, rng.integers(0, 3, n)
+
+
+def _assert_same_weights(a, b):
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        assert ref.rel_err(wa, wb) <= 1e-5
+
+
+def test_fit_under_the_strategy_gives_the_same_weights(opencl):
+    x, y = _data(20)
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.7, 0.3], rebalance=True)
+    model, baseline = _model(s), _model()
+    baseline.set_weights(model.get_weights())
+    # batch 4 -> five steps; then batch 3 with a partial last batch (20 = 6*3 + 2).
+    for batch in (4, 3):
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        baseline.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        _assert_same_weights(model, baseline)
+    np.testing.assert_allclose(model.predict(x[:7], batch_size=3, verbose=0),
+                               baseline.predict(x[:7], batch_size=3, verbose=0), rtol=1e-4,
+                               atol=1e-5)
+    assert not any(layer.supports_jit for layer in model.layers
+                   if isinstance(layer, HybridConv2D))
+
+
+def test_flops_split_is_proportional_to_calibrated_throughput(opencl):
+    from keras_cct.devices import calibrate
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0.0", "opencl:0:0.1"], split="flops",
+                    rebalance=False)
+    g = np.array([calibrate(name) for name in s.device_names])
+    layer, _ = _pair(s, (4, 8, 8, 4), filters=4, kernel_size=3)
+    layer(np.zeros((4, 8, 8, 4), "float32"))
+    np.testing.assert_allclose(list(s.fractions(layer).values()), g / g.sum(), rtol=1e-9)
+
+
+def test_rebalancing_moves_work_away_from_a_slow_device(opencl, monkeypatch):
+    import time as _time
+    from keras_cct.devices.opencl import conv as cl_conv
+    real = cl_conv.conv2d_forward
+
+    def slow(*args, **kwargs):
+        _time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cl_conv, "conv2d_forward", slow)
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.5, 0.5], rebalance=True)
+    model = _model(s)
+    x, y = _data(40)
+    log = s.callback(verbose=0)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[log])
+    rows = [r for r in s.report() if r["device"] == "opencl:0:0"]
+    assert all(r["fraction"] < 0.3 for r in rows), rows
+    assert len(log.history) == 2
+
+
+def test_worker_killed_mid_fit_is_survived(opencl):
+    from keras_cct.devices.opencl.client import client_for
+    x, y = _data(24)
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.6, 0.4], rebalance=False)
+    model, baseline = _model(s), _model()
+    baseline.set_weights(model.get_weights())
+
+    class Kill(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                os.kill(client_for("opencl:0:0").pid, signal.SIGKILL)
+
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[Kill()])
+    baseline.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    _assert_same_weights(model, baseline)
+
+
+def test_device_failing_during_a_step_is_dropped_and_nothing_is_lost(opencl, monkeypatch):
+    from keras_cct.devices.opencl import conv as cl_conv
+    real, calls = cl_conv.conv2d_forward, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise WorkerError("opencl:0:0 worker died (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cl_conv, "conv2d_forward", flaky)
+    x, y = _data(24)
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.6, 0.4], rebalance=False)
+    model, baseline = _model(s), _model()
+    baseline.set_weights(model.get_weights())
+    with pytest.warns(DeviceDroppedWarning, match="opencl:0:0 failed"):
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    baseline.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    _assert_same_weights(model, baseline)
+    assert {r["device"]: r["active"] for r in s.report()} == {"tf:cpu:0": True,
+                                                              "opencl:0:0": False}
+    assert all(r["images"] == 0 for r in s.report() if r["device"] == "opencl:0:0")
+
+
+def test_hybridize_replaces_conv2d_with_equal_layers(opencl):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((10, 10, 3))
+    h = keras.layers.Conv2D(6, 3, padding="same", activation="relu")(inp)
+    h = keras.layers.Conv2D(4, 3, strides=2, groups=2)(h)
+    model = keras.Model(inp, keras.layers.Flatten()(h))
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.5, 0.5])
+    hybrid = hybridize(model, s)
+    convs = [layer for layer in hybrid.layers if isinstance(layer, HybridConv2D)]
+    assert len(convs) == 2 and all(c._strategy is s for c in convs)
+    x = np.random.default_rng(0).standard_normal((5, 10, 10, 3)).astype("float32")
+    assert ref.rel_err(to_numpy(hybrid(x)), to_numpy(model(x))) <= 1e-5
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(devices=["tf:cpu:0"], split="fast"), "`split` must be one of"),
+    (dict(devices=["tf:cpu:0"], split=[0.5, 0.5]), "one non-negative fraction per device"),
+    (dict(devices=["tf:cpu:0", "tf:cpu:0"]), "listed twice"),
+    (dict(devices=["tf:tpu:7"]), "no device 'tf:tpu:7'"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError if "split" in message or "fraction" in message
+                       else Exception, match=message):
+        CCTStrategy(**kwargs)
+
+
+def test_layer_outside_the_scope_is_not_split():
+    s = CCTStrategy(["tf:cpu:0"])
+    with s.scope():
+        inside = HybridConv2D(2, 1)
+    outside = HybridConv2D(2, 1)
+    assert inside._strategy is s and outside._strategy is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outside(np.zeros((1, 3, 3, 1), "float32"))
