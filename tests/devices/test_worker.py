@@ -110,7 +110,7 @@ def test_kernel_build_error_carries_the_build_log(opencl_device):
     _check_conv(opencl_device)
 
 
-def test_bad_device_names():
+def test_bad_device_names(opencl_device):
     with pytest.raises(DeviceError, match="opencl:P:D"):
         parse_opencl_name("opencl:zero")
     with pytest.raises(DeviceError, match="no OpenCL platform"):
