@@ -193,7 +193,7 @@ def test_bad_layer_parameters_are_located(tmp_path):
     assert info.value.layer == "conv" and info.value.line == 4
     text = TINY.replace("convolution_param { num_output: 3 kernel_size: 3 }",
                         "convolution_param { num_output: 3 }")
-    with pytest.raises(CaffeFormatError, match="kernel_size .* is required"):
+    with pytest.raises(CaffeFormatError, match="layer .conv.: kernel_size is required"):
         load_net(_write(tmp_path, text, "k.prototxt"))
 
 
