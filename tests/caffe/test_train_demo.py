@@ -25,3 +25,14 @@ def test_lenet_digits_demo_short(tmp_path, capsys):
     assert "images/s" in out
     assert (tmp_path / "lenet_digits_iter_200.caffemodel").exists()
     assert (tmp_path / "lenet_digits_iter_200.solverstate").exists()
+    # The snapshot is a real Caffe model: OpenCV's Caffe importer scores it the same.
+    import cv2
+    import numpy as np
+    data = np.load(tmp_path / "digits_test.npz")
+    x, y = data["images"], data["labels"]
+    net = cv2.dnn.readNetFromCaffe(str(tmp_path / "lenet.prototxt"),
+                                   str(tmp_path / "lenet_digits_iter_200.caffemodel"))
+    net.enableFusion(False)
+    net.setInput(x[:, None].astype(np.float32) * np.float32(0.00390625))
+    cv_acc = float(np.mean(net.forward().argmax(axis=1) == y))
+    assert abs(cv_acc - acc) <= 1.0 / len(y) + 1e-9
