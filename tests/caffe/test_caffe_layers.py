@@ -1,0 +1,234 @@
+"""Keras layers with Caffe's semantics against numpy float64 transcriptions of Caffe's loops."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_cct.layers import caffe_layers as cl
+from tests.reference import rel_err
+
+RNG = np.random.default_rng(0)
+
+
+def _run(layer, x_nchw, *more):
+    """Call a layer on Caffe-ordered arrays, return the Caffe-ordered result."""
+    xs = [cl.from_caffe_layout(np.asarray(a, np.float32)) for a in (x_nchw,) + more]
+    y = layer(xs if more else xs[0])
+    if isinstance(y, (list, tuple)):
+        return [cl.to_caffe_layout(np.asarray(v)) for v in y]
+    return cl.to_caffe_layout(np.asarray(y))
+
+
+def caffe_pool_ref(x, pool, k, s, p, ceil=True, global_pool=False):
+    """PoolingLayer::Forward_cpu, transcribed (NCHW, float64)."""
+    n, c, h, w = x.shape
+    if global_pool:
+        k, s, p = (h, w), (1, 1), (0, 0)
+    (kh, kw), (sh, sw), (ph, pw) = k, s, p
+    rnd = math.ceil if ceil else math.floor
+    oh = int(rnd((h + 2 * ph - kh) / sh)) + 1
+    ow = int(rnd((w + 2 * pw - kw) / sw)) + 1
+    if ph or pw:
+        if (oh - 1) * sh >= h + ph:
+            oh -= 1
+        if (ow - 1) * sw >= w + pw:
+            ow -= 1
+    y = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            hs, ws = i * sh - ph, j * sw - pw
+            if pool == "MAX":
+                he, we = min(hs + kh, h), min(ws + kw, w)
+                hs, ws = max(hs, 0), max(ws, 0)
+                y[:, :, i, j] = x[:, :, hs:he, ws:we].max(axis=(2, 3))
+            else:
+                he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
+                size = (he - hs) * (we - ws)
+                hs, ws = max(hs, 0), max(ws, 0)
+                he, we = min(he, h), min(we, w)
+                y[:, :, i, j] = x[:, :, hs:he, ws:we].sum(axis=(2, 3)) / size
+    return y
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+@pytest.mark.parametrize("hw,k,s,p,ceil", [
+    ((7, 7), (3, 3), (2, 2), (0, 0), True),    # CEIL overhang: last window partly outside
+    ((7, 8), (3, 3), (2, 2), (1, 1), True),    # padding + the "starts inside" rule
+    ((6, 6), (2, 2), (2, 2), (1, 1), True),    # pad with a window that would start in the pad
+    ((7, 7), (3, 3), (2, 2), (1, 1), False),   # FLOOR
+    ((5, 9), (2, 3), (1, 3), (1, 2), True),    # rectangular everything
+])
+def test_pooling_matches_caffe(pool, hw, k, s, p, ceil):
+    x = RNG.standard_normal((2, 3) + hw)
+    layer = cl.CaffePooling2D(pool, k, s, p, round_mode="CEIL" if ceil else "FLOOR")
+    y = _run(layer, x)
+    ref = caffe_pool_ref(x, pool, k, s, p, ceil)
+    assert y.shape == ref.shape
+    assert rel_err(y, ref) < 1e-6
+
+
+def test_global_pooling():
+    x = RNG.standard_normal((2, 3, 5, 4))
+    for pool in ("MAX", "AVE"):
+        y = _run(cl.CaffePooling2D(pool, global_pooling=True), x)
+        assert rel_err(y, caffe_pool_ref(x, pool, None, None, None, global_pool=True)) < 1e-6
+
+
+def test_lrn_within_channel_matches_caffe():
+    """WITHIN_CHANNEL: x * (1 + alpha * mean_{n x n window, zero padded} x^2) ^ -beta; k is
+    not used by Caffe there."""
+    x = RNG.standard_normal((2, 3, 6, 5))
+    n, alpha, beta = 3, 0.7, 0.8
+    y = _run(cl.CaffeLRN(n, alpha, beta, k=5.0, norm_region="WITHIN_CHANNEL"), x)
+    pad = np.pad(x ** 2, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    avg = sum(pad[:, :, i:i + 6, j:j + 5] for i in range(n) for j in range(n)) / (n * n)
+    assert rel_err(y, x * (1 + alpha * avg) ** -beta) < 1e-5
+
+
+def test_batch_norm_inference_and_caffe_training_update():
+    c = 4
+    x = RNG.standard_normal((3, c, 5, 2)) * 2 + 1
+    mean, var, s = RNG.standard_normal(c), RNG.uniform(0.5, 2, c), 4.0
+    layer = cl.CaffeBatchNorm(eps=1e-3, moving_average_fraction=0.9)
+    layer.build((None, 5, 2, c))
+    layer.set_weights([(mean * s).astype("f"), (var * s).astype("f"), np.array([s], "f")])
+    y = _run(layer, x)
+    ref = (x - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-3)
+    assert rel_err(y, ref) < 1e-5
+    # training: batch statistics, and Caffe's moving-average update with m/(m-1)
+    xin = cl.from_caffe_layout(x.astype("f"))
+    yt = cl.to_caffe_layout(np.asarray(layer(xin, training=True)))
+    bm, bv = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    assert rel_err(yt, (x - bm[:, None, None]) / np.sqrt(bv[:, None, None] + 1e-3)) < 1e-5
+    m = 3 * 5 * 2
+    new_mean, new_var, new_s = layer.get_weights()
+    assert rel_err(new_s, [0.9 * s + 1]) < 1e-6
+    assert rel_err(new_mean, 0.9 * mean * s + bm) < 1e-5
+    assert rel_err(new_var, 0.9 * var * s + bv * m / (m - 1)) < 1e-5
+
+
+def test_scale_and_bias_axes():
+    x = RNG.standard_normal((2, 3, 4, 5))
+    # per channel with bias
+    layer = cl.CaffeScale(axis=1, num_axes=1, bias_term=True)
+    layer.build((None, 4, 5, 3))
+    g, b = RNG.standard_normal(3), RNG.standard_normal(3)
+    layer.set_weights([g.astype("f"), b.astype("f")])
+    assert rel_err(_run(layer, x), x * g[:, None, None] + b[:, None, None]) < 1e-6
+    # axis 1, num_axes 2: a (C, H) parameter
+    layer = cl.CaffeScale(axis=1, num_axes=2)
+    layer.build((None, 4, 5, 3))
+    g2 = RNG.standard_normal((3, 4))
+    layer.set_weights([g2.astype("f")])
+    assert rel_err(_run(layer, x), x * g2[:, :, None]) < 1e-6
+    # axis 2, num_axes -1: an (H, W) bias
+    layer = cl.CaffeBias(axis=2, num_axes=-1)
+    layer.build((None, 4, 5, 3))
+    b2 = RNG.standard_normal((4, 5))
+    layer.set_weights([b2.astype("f")])
+    assert rel_err(_run(layer, x), x + b2) < 1e-6
+    # two inputs, axis 0: scale by a (N, C) blob (squeeze-and-excitation style)
+    s = RNG.standard_normal((2, 3))
+    assert rel_err(_run(cl.CaffeScale(axis=0, num_axes=-1), x, s),
+                   x * s[:, :, None, None]) < 1e-6
+
+
+def test_inner_product_flattens_in_caffe_order_and_axis():
+    x = RNG.standard_normal((2, 3, 4, 5))
+    w, b = RNG.standard_normal((6, 60)), RNG.standard_normal(6)
+    layer = cl.CaffeInnerProduct(6)
+    layer.build((None, 4, 5, 3))
+    layer.set_weights([w.T.astype("f"), b.astype("f")])
+    assert rel_err(_run(layer, x), x.reshape(2, -1) @ w.T + b) < 1e-5
+    # axis 2: (N, C, H*W) -> (N, C, 6)
+    w2 = RNG.standard_normal((6, 20))
+    layer = cl.CaffeInnerProduct(6, axis=2, bias_term=False)
+    layer.build((None, 4, 5, 3))
+    layer.set_weights([w2.T.astype("f")])
+    assert rel_err(_run(layer, x), x.reshape(2, 3, 20) @ w2.T) < 1e-5
+
+
+def test_deconvolution_is_the_scatter_of_caffe():
+    """Caffe's deconvolution, written as a scatter: y[o, i*s - p + a*d, ...] += x[c] w[c, o]."""
+    n, c, h, w, o, g, k, s, p, d = 2, 4, 3, 4, 6, 2, 3, 2, 1, 2
+    x = RNG.standard_normal((n, c, h, w))
+    wt = RNG.standard_normal((c, o // g, k, k))
+    oh, ow = s * (h - 1) + d * (k - 1) + 1 - 2 * p, s * (w - 1) + d * (k - 1) + 1 - 2 * p
+    full = np.zeros((n, o, oh + 2 * p, ow + 2 * p))
+    cg, og = c // g, o // g
+    for ci in range(c):
+        grp = ci // cg
+        for oi in range(og):
+            for a in range(k):
+                for bb in range(k):
+                    full[:, grp * og + oi, a * d:a * d + s * (h - 1) + 1:s,
+                         bb * d:bb * d + s * (w - 1) + 1:s] += x[:, ci] * wt[ci, oi, a, bb]
+    ref = full[:, :, p:p + oh, p:p + ow]
+    layer = cl.CaffeDeconvolution(o, k, s, p, d, g, use_bias=False)
+    layer.build((None, h, w, c))
+    layer.set_weights([np.transpose(wt, (2, 3, 1, 0)).astype("f")])
+    y = _run(layer, x)
+    assert y.shape == ref.shape and rel_err(y, ref) < 1e-5
+
+
+def test_unary_formulas():
+    x = RNG.uniform(0.2, 3.0, (2, 3, 2, 2))
+    cases = [
+        (cl.CaffeUnary("Exp", base=2.0, scale=0.5, shift=0.1), 2.0 ** (0.1 + 0.5 * x)),
+        (cl.CaffeUnary("Exp"), np.exp(x)),
+        (cl.CaffeUnary("Log", base=10.0, scale=2.0, shift=1.0), np.log10(1 + 2 * x)),
+        (cl.CaffeUnary("Log"), np.log(x)),
+        (cl.CaffeUnary("Power", power=-0.5, scale=3.0, shift=0.5), (0.5 + 3 * x) ** -0.5),
+        (cl.CaffeUnary("Clip", min=0.5, max=1.5), np.clip(x, 0.5, 1.5)),
+        (cl.CaffeUnary("Threshold", threshold=1.0), (x > 1.0).astype(float)),
+        (cl.CaffeUnary("BNLL"), np.log1p(np.exp(x))),
+        (cl.CaffeUnary("AbsVal"), np.abs(x)),
+    ]
+    for layer, ref in cases:
+        assert rel_err(_run(layer, x), ref) < 1e-5, layer.op
+
+
+def test_shape_layers_follow_caffe_axes():
+    x = RNG.standard_normal((2, 6, 3, 4))
+    assert rel_err(_run(cl.CaffeFlatten(axis=2), x), x.reshape(2, 6, 12)) < 1e-6
+    assert rel_err(_run(cl.CaffeReshape([0, 3, -1]), x), x.reshape(2, 3, 24)) < 1e-6
+    assert rel_err(_run(cl.CaffeSoftmax(axis=2), x),
+                   np.exp(x) / np.exp(x).sum(axis=2, keepdims=True)) < 1e-6
+    parts = _run(cl.CaffeSlice(axis=3, slice_points=[1, 3], num_outputs=3), x)
+    for got, ref in zip(parts, np.split(x, [1, 3], axis=3)):
+        assert rel_err(got, ref) < 1e-6
+    both = _run(cl.CaffeConcat(axis=2), x, x[:, :, :1])
+    assert rel_err(both, np.concatenate([x, x[:, :, :1]], axis=2)) < 1e-6
+    ref_blob = np.zeros((2, 6, 2, 2))
+    assert rel_err(_run(cl.CaffeCrop(axis=2, offset=[1, 2]), x, ref_blob),
+                   x[:, :, 1:3, 2:4]) < 1e-6
+    out = _run(cl.CaffeEltwise("SUM", [2.0, -1.0]), x, x ** 2)
+    assert rel_err(out, 2 * x - x ** 2) < 1e-6
+
+
+def test_layers_round_trip_through_keras_files(tmp_path):
+    inp = keras.Input((7, 8, 4))
+    y = cl.CaffePooling2D("AVE", 3, 2, 1, round_mode="FLOOR")(inp)
+    y = cl.CaffeLRN(3, 0.5, 0.75, 2.0)(y)
+    y = cl.CaffeBatchNorm(1e-3)(y)
+    y = cl.CaffeScale(bias_term=True)(y)
+    y = cl.CaffePReLU()(y)
+    y = cl.CaffeDeconvolution(3, 3, 2, 1)(y)
+    y = cl.CaffeUnary("Power", power=2.0, shift=1.0)(y)
+    y = cl.CaffeInnerProduct(5)(y)
+    model = keras.Model(inp, y)
+    for layer in model.layers:
+        if layer.weights:
+            layer.set_weights([RNG.uniform(0.5, 1.5, w.shape).astype("f")
+                               for w in layer.get_weights()])
+    path = tmp_path / "m.keras"
+    model.save(path)
+    again = keras.saving.load_model(path)
+    x = RNG.standard_normal((2, 7, 8, 4)).astype("f")
+    np.testing.assert_allclose(np.asarray(again(x)), np.asarray(model(x)), rtol=1e-6)
+    for a, b in zip(model.layers, again.layers):
+        assert a.get_config() == b.get_config()
