@@ -60,6 +60,7 @@ class _LayerPlan:
         self.sizes = np.zeros(n, np.int64)
         self.last: List[Optional[float]] = [None] * n
         self.ms = np.full(n, np.nan)
+        self.last_ms = np.full(n, np.nan)
         self.steps = 0
 
     # ---- called from TF's threads through host callbacks
@@ -81,7 +82,7 @@ class _LayerPlan:
     def record(self, i: int, seconds: float) -> None:
         with self.lock:
             self.last[i] = seconds
-            ms = 1e3 * seconds
+            ms = self.last_ms[i] = 1e3 * seconds
             self.ms[i] = ms if np.isnan(self.ms[i]) else 0.7 * self.ms[i] + 0.3 * ms
 
     def _rebalance(self) -> None:
@@ -239,8 +240,9 @@ class CCTStrategy:
         return dict(zip(self.device_names, map(float, f)))
 
     def report(self) -> List[Dict[str, object]]:
-        """Per layer and device: the fraction in use, the images of the last step, the smoothed
-        forward milliseconds of its shard, and whether the device is still active."""
+        """Per layer and device: the fraction in use, the images of the last step, the forward
+        milliseconds of its shard (``ms`` smoothed over steps, ``last_ms`` of the last step), and
+        whether the device is still active."""
         rows = []
         for plan in self._plans.values():
             f = plan.fractions * self.active
@@ -248,6 +250,7 @@ class CCTStrategy:
             for i, d in enumerate(self.devices):
                 rows.append({"layer": plan.name, "device": d.name, "fraction": float(f[i]),
                              "images": int(plan.sizes[i]), "ms": float(plan.ms[i]),
+                             "last_ms": float(plan.last_ms[i]),
                              "active": bool(self.active[i])})
         return rows
 

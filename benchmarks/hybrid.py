@@ -1,0 +1,234 @@
+"""Benchmark of CCTStrategy (CcT's RQ4 on this machine): each device alone against the hybrid.
+
+Configurations, each in its own process (TF's thread pools are fixed at start-up):
+
+* ``tf1``: TensorFlow alone, 1 intra-op thread (one core).
+* ``cl1``: the OpenCL device alone, PoCL limited to 1 thread (``POCL_MAX_PTHREAD_COUNT=1``).
+* ``hybrid``: both under CCTStrategy, each confined to its own core, with ``split="flops"``,
+  and with fixed splits (to find the best fixed split).
+* ``tf2``: TensorFlow alone on both cores (the best single device using both cores).
+
+For a CaffeNet convolution (conv2, batch 32) and a small CaffeNet-like model it reports
+throughput (images/s, forward+backward), the fractions used, how far ``split="flops"`` was from
+the best fixed split, and the balance efficiency (sum of per-device busy time / (devices x
+step time), forward pass). Writes ``hybrid.json``, ``hybrid.md``, ``hybrid.png``.
+Run: ``python -m benchmarks.hybrid [--quick] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import DEFAULT_OUT, markdown_table, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ worker side
+
+def _layer(strategy_devices, split, hw, batch):
+    import keras
+    from keras_cct import CCTStrategy, HybridConv2D
+    s = None
+    if strategy_devices:
+        s = CCTStrategy(strategy_devices, split=split, rebalance=False)
+    kw = dict(filters=256, kernel_size=5, padding=2, groups=2)  # CaffeNet conv2
+    if s:
+        with s.scope():
+            layer = HybridConv2D(**kw)
+    else:
+        layer = HybridConv2D(**kw)
+    layer.build((batch, hw, hw, 96))
+    return layer, s
+
+
+def _model(strategy, batch):
+    import keras
+    from keras_cct import HybridConv2D
+    import contextlib
+    scope = strategy.scope() if strategy else contextlib.nullcontext()
+    with scope:
+        inp = keras.Input((64, 64, 3))
+        h = HybridConv2D(48, 7, strides=2, activation="relu")(inp)
+        h = keras.layers.MaxPooling2D(3, 2)(h)
+        h = HybridConv2D(128, 5, padding=2, groups=2, activation="relu")(h)
+        h = keras.layers.MaxPooling2D(3, 2)(h)
+        h = HybridConv2D(192, 3, padding=1, activation="relu")(h)
+        h = HybridConv2D(192, 3, padding=1, groups=2, activation="relu")(h)
+        h = HybridConv2D(128, 3, padding=1, groups=2, activation="relu")(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        h = keras.layers.Dense(256, activation="relu")(h)
+        model = keras.Model(inp, keras.layers.Dense(10)(h))
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def run_config(spec: dict) -> dict:
+    """Measure one configuration in this process (called in a fresh subprocess)."""
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(spec["tf_threads"])
+    tf.config.threading.set_inter_op_parallelism_threads(max(2, spec["tf_threads"]))
+    from keras_cct.devices import get_device
+    devices = []
+    for name in spec["devices"]:
+        if name.startswith("opencl"):
+            devices.append(get_device(name, env={"POCL_MAX_PTHREAD_COUNT":
+                                                 str(spec["cl_threads"])}))
+        else:
+            devices.append(get_device(name))
+    use_strategy = spec["devices"] != ["tf:cpu:0"]
+    batch, hw, reps = spec["batch"], 27, spec["repeats"]
+    out = {}
+    # --- one layer, forward+backward
+    layer, s = _layer(devices if use_strategy else None, spec["split"], hw, batch)
+    x = tf.constant(np.random.default_rng(0).standard_normal((batch, hw, hw, 96)),
+                    tf.float32)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(y * y)
+        g = tape.gradient(loss, [x] + layer.trainable_weights)
+        return sum(tf.reduce_sum(t[..., :1]) for t in g)
+
+    @tf.function
+    def forward(x):
+        return tf.reduce_sum(layer(x)[:, :1, :1, :1])
+
+    for fn, key in ((step, "layer"), (forward, "layer_fwd")):
+        fn(x).numpy()
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn(x).numpy()
+            best = min(best, time.perf_counter() - t0)
+        out[f"{key}_s"] = best
+    if s is not None:
+        rep = s.report()
+        out["fractions"] = {r["device"]: r["fraction"] for r in rep}
+        busy = [r["last_ms"] / 1e3 for r in rep if r["images"] > 0]
+        out["balance_efficiency"] = sum(busy) / (len(rep) * out["layer_fwd_s"])
+    # --- small CaffeNet-like model, training images/s
+    s2 = None
+    if use_strategy:
+        from keras_cct import CCTStrategy
+        s2 = CCTStrategy(devices, split=spec["split"], rebalance=spec["split"] == "flops")
+    model = _model(s2, batch)
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((batch * spec["steps"], 64, 64, 3)).astype("float32")
+    ys = rng.integers(0, 10, len(xs))
+    model.fit(xs[:batch * 2], ys[:batch * 2], batch_size=batch, verbose=0)  # trace + warm up
+    t0 = time.perf_counter()
+    model.fit(xs, ys, batch_size=batch, epochs=1, verbose=0)
+    out["model_images_per_s"] = len(xs) / (time.perf_counter() - t0)
+    if s2 is not None:
+        out["model_fractions"] = {r["layer"] + "/" + r["device"]: r["fraction"]
+                                  for r in s2.report()}
+    out["layer_images_per_s"] = batch / out["layer_s"]
+    return out
+
+
+# ------------------------------------------------------------------------------ driver side
+
+def _spawn(spec: dict) -> dict:
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    code = ("import json,sys; from benchmarks.hybrid import run_config; "
+            "print('RESULT' + json.dumps(run_config(json.loads(sys.argv[1]))))")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return json.loads(line[6:])
+    raise RuntimeError(f"configuration {spec} failed:\n{proc.stderr[-3000:]}")
+
+
+def plot(data, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cfg = data["configs"]
+    names = ["tf1", "cl1", "hybrid", "tf2"]
+    labels = ["TF, 1 core", "OpenCL, 1 core", "hybrid (flops split)", "TF, 2 cores"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in ((axes[0], "layer_images_per_s", "CaffeNet conv2, fwd+bwd"),
+                           (axes[1], "model_images_per_s", "CaffeNet-like model, training")):
+        vals = [cfg[n][key] for n in names]
+        ax.bar(labels, vals, color=["C0", "C1", "C2", "C7"])
+        ax.axhline(cfg["tf1"][key] + cfg["cl1"][key], color="k", ls="--", lw=1,
+                   label="ideal hybrid (sum of the two)")
+        ax.set_ylabel("images/s")
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelrotation=15)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    from tqdm import tqdm
+    batch = 16 if args.quick else 32
+    base = dict(batch=batch, repeats=2 if args.quick else 4, steps=3 if args.quick else 8,
+                cl_threads=1, split="flops")
+    fixed = [0.5, 0.6, 0.7] if args.quick else [0.4, 0.5, 0.6, 0.7, 0.8]
+    specs = {"tf1": dict(base, devices=["tf:cpu:0"], tf_threads=1),
+             "cl1": dict(base, devices=["opencl:0:0"], tf_threads=1),
+             "hybrid": dict(base, devices=["tf:cpu:0", "opencl:0:0"], tf_threads=1),
+             "tf2": dict(base, devices=["tf:cpu:0"], tf_threads=2)}
+    for f in fixed:
+        specs[f"fixed{f}"] = dict(base, devices=["tf:cpu:0", "opencl:0:0"], tf_threads=1,
+                                  split=[f, 1 - f])
+    configs = {}
+    for name, spec in tqdm(specs.items(), desc="hybrid benchmark", unit="config"):
+        configs[name] = _spawn(spec)
+    rows, summary = [], {}
+    for key in ("layer_images_per_s", "model_images_per_s"):
+        ideal = configs["tf1"][key] + configs["cl1"][key]
+        best_fixed = max(fixed, key=lambda f: configs[f"fixed{f}"][key])
+        summary[key] = {
+            "hybrid_vs_ideal": configs["hybrid"][key] / ideal,
+            "hybrid_vs_tf2": configs["hybrid"][key] / configs["tf2"][key],
+            "best_fixed_split_tf": best_fixed,
+            "flops_vs_best_fixed": configs["hybrid"][key] / configs[f"fixed{best_fixed}"][key],
+        }
+    for name, c in configs.items():
+        fr = c.get("fractions", {})
+        rows.append([name, specs[name]["devices"], c["layer_images_per_s"],
+                     c["model_images_per_s"],
+                     ", ".join(f"{k} {v:.2f}" for k, v in fr.items()) or "-",
+                     c.get("balance_efficiency", float("nan"))])
+    data = {"batch": batch, "configs": configs, "summary": summary,
+            "specs": {k: v for k, v in specs.items()}}
+    md = ("# Hybrid execution benchmark (CcT RQ4)\n\n"
+          f"Command: `python -m benchmarks.hybrid{' --quick' if args.quick else ''}`. "
+          f"Batch {batch}. Each device confined to one core (TF 1 intra-op thread, PoCL "
+          "`POCL_MAX_PTHREAD_COUNT=1`), except `tf2`.\n\n" +
+          markdown_table(["config", "devices", "conv2 img/s (f+b)", "model img/s (train)",
+                          "fractions (conv2)", "balance efficiency"], rows) + "\n")
+    for key, s in summary.items():
+        md += (f"- {key}: hybrid / (TF 1 core + OpenCL 1 core) = {s['hybrid_vs_ideal']:.2f} "
+               f"(CcT: about 0.88); hybrid / TF on 2 cores = {s['hybrid_vs_tf2']:.2f}; "
+               f"flops split / best fixed split ({s['best_fixed_split_tf']:.1f} to TF) = "
+               f"{s['flops_vs_best_fixed']:.2f}\n")
+    write_results(args.out, "hybrid", data, md)
+    plot(data, args.out / "hybrid.png")
+    print(md)
+    return data
+
+
+if __name__ == "__main__":
+    main()
