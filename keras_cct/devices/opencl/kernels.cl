@@ -135,6 +135,41 @@ __kernel void im2col(__global const float *x, const long offX, __global float *c
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Transposed Type 1 lowering for the kernel gradient: colT[(g, i, j, c), q] with q = (n, oy, ox)
+// the output pixel of the batch slice (R of them), so that dW = colT * dy is a gemm_nn whose A
+// rows are contiguous (gemm_tn on col would stride by a whole col row per step).
+// One work-item per (kernel row i, output row (n, oy)). Global size: (kh, nb * oh).
+// ---------------------------------------------------------------------------------------------
+__kernel void im2colT(__global const float *x, const long offX, __global float *colT,
+                      const long offCol, const long R, const int H, const int W, const int C,
+                      const int groups, const int kh, const int kw, const int sh, const int sw,
+                      const int dh, const int dw, const int pt, const int pl, const int oh,
+                      const int ow)
+{
+    const int i = get_global_id(0);
+    const long r = get_global_id(1);          // n * oh + oy
+    const int oy = r % oh;
+    const long n = r / oh;
+    const int cg = C / groups;
+    const int y = oy * sh - pt + i * dh;
+    const int yin = y >= 0 && y < H;
+    __global const float *src = x + offX + (n * H + (yin ? y : 0)) * (long)W * C;
+    for (int g = 0; g < groups; ++g) {
+        for (int j = 0; j < kw; ++j) {
+            for (int c = 0; c < cg; ++c) {
+                __global float *dst = colT + offCol
+                    + ((((long)g * kh + i) * kw + j) * cg + c) * R + r * ow;
+                __global const float *s = src + g * cg + c;
+                for (int ox = 0; ox < ow; ++ox) {
+                    const int xx = ox * sw - pl + j * dw;
+                    dst[ox] = (yin && xx >= 0 && xx < W) ? s[(long)xx * C] : 0.0f;
+                }
+            }
+        }
+    }
+}
+
 // The output rows (or columns) o whose window covers the padded input position p satisfy
 // p - o*s = k*d with 0 <= k < taps; this is the smallest candidate o.
 inline int out_lo(int p, int taps, int s, int d)

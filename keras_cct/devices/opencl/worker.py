@@ -317,23 +317,25 @@ class Conv:
         w = e.view(off["w"], (K, G, og))
         wt = e.to_scratch("wt", np.transpose(w, (1, 2, 0)))  # (G, og, K)
         nbc = self._chunk(2 * rows_img * G * K)
-        col = e.scratch("col", nbc * rows_img * G * K * 4)
+        colT = e.scratch("col", nbc * rows_img * G * K * 4)
         dcol = e.scratch("dcol", nbc * rows_img * G * K * 4)
         hw, rest = self._conv_args()
         for n0 in range(0, g["N"], nbc):
             nb = min(nbc, g["N"] - n0)
             rows = nb * rows_img
             offdy = off["dy"] // 4 + n0 * rows_img * F
-            self._im2col(n0, nb, col, off["x"] // 4)
             # dcol = dy * W^T, then col2im -> dx
             e.gemm(rows, K, og, e.abuf, offdy, F, og, wt, 0, K, og * K,
                    dcol, 0, G * K, K, groups=G)
             e.kernel("col2im")(e.queue, (nb * g["H"],), None, dcol, np.int64(0),
                                e.abuf, np.int64(off["dx"] // 4 + n0 * g["H"] * g["W"] * g["C"]),
                                *hw, np.int32(g["C"]), *rest)
-            # dW (+)= col^T * dy
-            e.gemm(K, og, rows, col, 0, G * K, K, e.abuf, offdy, F, og,
-                   e.abuf, off["dw"] // 4, F, og, groups=G, trans_a=True, beta=int(n0 > 0))
+            # dW (+)= col^T * dy, with col^T lowered directly
+            e.kernel("im2colT")(e.queue, (g["kh"], nb * g["oh"]), None, e.abuf,
+                                np.int64(off["x"] // 4 + n0 * g["H"] * g["W"] * g["C"]), colT,
+                                np.int64(0), np.int64(rows), *hw, np.int32(g["C"]), *rest)
+            e.gemm(K, og, rows, colT, 0, rows, K * rows, e.abuf, offdy, F, og,
+                   e.abuf, off["dw"] // 4, F, og, groups=G, beta=int(n0 > 0))
             if off.get("db") is not None:
                 e.kernel("colsum")(e.queue, (F,), None, e.abuf, np.int64(offdy),
                                    np.int64(rows), np.int32(F), e.abuf,
