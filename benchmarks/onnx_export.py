@@ -152,12 +152,14 @@ def main() -> None:
     import tf2onnx
 
     batches = dict(zip(args.nets, args.batch + args.batch[-1:] * len(args.nets)))
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         rows = [bench(n, batches[n], args.steps, args.repeats, Path(tmp), args.built) for n in args.nets]
     env = {"keras": keras.__version__, "tensorflow": tf.__version__,
            "tf2onnx": tf2onnx.__version__, "onnxruntime": ort.__version__,
            "backend": keras.backend.backend(), "cpus": os.cpu_count(),
            "machine": platform.processor() or platform.machine(),
+           "load_avg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
            "command": "python benchmarks/onnx_export.py " + " ".join(
                ["--nets", *args.nets, "--batch", *map(str, args.batch),
                 "--steps", str(args.steps), "--repeats", str(args.repeats)]
@@ -170,7 +172,9 @@ def main() -> None:
     lines = ["# ONNX export: onnxruntime vs Keras `model.predict`", "",
              f"`{env['command']}` - Keras {env['keras']} ({env['backend']}), TF "
              f"{env['tensorflow']}, tf2onnx {env['tf2onnx']}, onnxruntime {env['onnxruntime']}"
-             f" (CPUExecutionProvider), {env['cpus']} CPUs; {env['timing']}.", "",
+             f" (CPUExecutionProvider), {env['cpus']} CPUs (1-min load average before/after: "
+             f"{env['load_avg_1min_before_after']}, other jobs share the machine); "
+             f"{env['timing']}.", "",
              "| net | batch | images/run | params | ONNX MB | export s | rel. err | Keras img/s | "
              "onnxruntime img/s | speed-up |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
