@@ -19,8 +19,8 @@ def _run(layer, x_nchw, *more):
     xs = [cl.from_caffe_layout(np.asarray(a, np.float32)) for a in (x_nchw,) + more]
     y = layer(xs if more else xs[0])
     if isinstance(y, (list, tuple)):
-        return [cl.to_caffe_layout(np.asarray(v)) for v in y]
-    return cl.to_caffe_layout(np.asarray(y))
+        return [cl.to_caffe_layout(keras.ops.convert_to_numpy(v)) for v in y]
+    return cl.to_caffe_layout(keras.ops.convert_to_numpy(y))
 
 
 def caffe_pool_ref(x, pool, k, s, p, ceil=True, global_pool=False):
@@ -101,7 +101,7 @@ def test_batch_norm_inference_and_caffe_training_update():
     assert rel_err(y, ref) < 1e-5
     # training: batch statistics, and Caffe's moving-average update with m/(m-1)
     xin = cl.from_caffe_layout(x.astype("f"))
-    yt = cl.to_caffe_layout(np.asarray(layer(xin, training=True)))
+    yt = cl.to_caffe_layout(keras.ops.convert_to_numpy(layer(xin, training=True)))
     bm, bv = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
     assert rel_err(yt, (x - bm[:, None, None]) / np.sqrt(bv[:, None, None] + 1e-3)) < 1e-5
     m = 3 * 5 * 2
@@ -229,6 +229,6 @@ def test_layers_round_trip_through_keras_files(tmp_path):
     model.save(path)
     again = keras.saving.load_model(path)
     x = RNG.standard_normal((2, 7, 8, 4)).astype("f")
-    np.testing.assert_allclose(np.asarray(again(x)), np.asarray(model(x)), rtol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)), keras.ops.convert_to_numpy(model(x)), rtol=1e-6)
     for a, b in zip(model.layers, again.layers):
         assert a.get_config() == b.get_config()

@@ -7,6 +7,7 @@ net with most layer types. Relative error bound: 1e-4 (float32).
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 
@@ -30,7 +31,7 @@ def _compare(net, prototxt, caffemodel, x_nchw, blobs=None, tol=TOL):
     vals = vals if isinstance(vals, (list, tuple)) else [vals]
     errs = {}
     for b, ref, val in zip(blobs, refs, vals):
-        ours = to_caffe_layout(np.asarray(val))
+        ours = to_caffe_layout(keras.ops.convert_to_numpy(val))
         assert ours.size == ref.size, (b, ours.shape, ref.shape)
         errs[b] = rel_err(ours.reshape(ref.shape), ref)
     bad = {b: e for b, e in errs.items() if not e <= tol}
@@ -169,7 +170,7 @@ def test_lrn_with_k_against_caffe_formula():
     param, _ = parse_net(text)
     model = build_net(param).model
     x = np.random.default_rng(0).standard_normal((2, 7, 3, 4))
-    y = to_caffe_layout(np.asarray(model(from_caffe_layout(x.astype(np.float32)))))
+    y = to_caffe_layout(keras.ops.convert_to_numpy(model(from_caffe_layout(x.astype(np.float32)))))
     n, alpha, beta, k = 5, 0.3, 0.6, 2.0
     ref = np.empty_like(x)
     for c in range(7):
