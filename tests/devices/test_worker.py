@@ -151,3 +151,15 @@ def test_worker_stops_when_the_interpreter_exits(opencl_device, tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"worker {pid} still runs after its parent exited")
+
+
+def test_too_little_shared_memory_is_a_clear_error(opencl_device, monkeypatch):
+    import keras_cct.devices.opencl.client as client_mod
+    x, k = _small()
+    _check_conv(opencl_device)
+    monkeypatch.setattr(client_mod, "_shm_free_bytes", lambda: 1000)
+    big = np.zeros((256, 128, 128, 3), np.float32)  # 48 MiB: more than the current arena
+    with pytest.raises(DeviceError, match="/dev/shm"):
+        conv2d_forward(opencl_device, big, k)
+    monkeypatch.undo()
+    _check_conv(opencl_device)

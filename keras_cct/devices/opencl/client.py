@@ -199,9 +199,25 @@ class WorkerClient:
         if self._shm is None or self._shm.size < nbytes:
             if self._shm is not None:
                 self._arena = None
-                self._shm.close()
-                self._shm.unlink()
+                self._attached = False
+                try:
+                    self._shm.close()
+                    self._shm.unlink()
+                except (OSError, BufferError):
+                    pass
+                self._shm = None
             size = max(1 << 20, 1 << max(nbytes - 1, 1).bit_length())
+            free = _shm_free_bytes()
+            if free is not None and size > free:
+                size = nbytes  # no headroom: exactly what this call needs
+            if free is not None and size > free:
+                # Touching pages of a shared-memory file beyond what tmpfs holds kills the process
+                # with SIGBUS, so refuse here with a clear message instead.
+                raise DeviceError(
+                    f"OpenCL device {self.name}: the arrays of this call need "
+                    f"{nbytes / 2**20:.0f} MiB of shared memory but /dev/shm has only "
+                    f"{free / 2**20:.0f} MiB free (enlarge it, e.g. `docker run --shm-size=2g`, "
+                    "or use a smaller batch)")
             self._shm = shared_memory.SharedMemory(create=True, size=size)
             self._arena = np.ndarray((size,), np.uint8, buffer=self._shm.buf)
             self._attached = False
@@ -283,6 +299,15 @@ class WorkerClient:
 
 class _WorkerDied(Exception):
     pass
+
+
+def _shm_free_bytes() -> Optional[int]:
+    """Free bytes in /dev/shm (where POSIX shared memory lives on Linux), None if unknown."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 _CLIENTS: Dict[str, WorkerClient] = {}
