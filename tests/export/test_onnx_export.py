@@ -327,3 +327,14 @@ def test_written_file_has_the_usual_mode(tmp_path):
     os.umask(umask)
     assert (path.stat().st_mode & 0o777) == (0o666 & ~umask)
     assert [p.name for p in path.parent.iterdir()] == ["m.onnx"]
+
+
+def test_export_leaves_the_model_intact(hybrid_export, tmp_path):
+    """The rewrite shares layers with the model: it must still save, reload and predict."""
+    model, _ = hybrid_export
+    assert [type(layer).__name__ for layer in model.layers[1:]] == ["HybridConv2D"] * 5
+    model.save(tmp_path / "after.keras")
+    again = keras.saving.load_model(tmp_path / "after.keras")
+    x = np.random.default_rng(8).random((2, 15, 17, 4), dtype=np.float32)
+    assert [layer.name for layer in again.layers] == [layer.name for layer in model.layers]
+    assert rel_err(again.predict(x, verbose=0), model.predict(x, verbose=0)) <= 1e-6
