@@ -134,7 +134,12 @@ class Engine:
         self.device = dev
         self.ctx = cl.Context([dev])
         self.queue = cl.CommandQueue(self.ctx)
-        self.unified = bool(dev.host_unified_memory) or bool(dev.type & cl.device_type.CPU)
+        self.is_cpu = bool(dev.type & cl.device_type.CPU)
+        try:
+            unified = bool(dev.host_unified_memory)  # deprecated since OpenCL 2.0
+        except Exception:  # noqa: BLE001
+            unified = False
+        self.unified = unified or self.is_cpu
         self._program = None
         self._kernels = {}
         self.shm = None
@@ -242,7 +247,10 @@ class Engine:
         i64, i32 = np.int64, np.int32
         k = self.kernel("gemm_tn" if trans_a else "gemm_nn")
         use_bias = bias is not None
-        k(self.queue, (-(-M // RM), -(-N // RN), groups), None,
+        # CPU devices: one work-item per work-group (no implicit vectorization across
+        # work-items of a kernel that is already explicitly vectorized); GPUs choose.
+        local = (1, 1, 1) if self.is_cpu else None
+        k(self.queue, (-(-M // RM), -(-N // RN), groups), local,
           i32(M), i32(N), i32(K), A, i64(offA), i32(lda), i64(sAg),
           B, i64(offB), i32(ldb), i64(sBg), C, i64(offC), i32(ldc), i64(sCg),
           bias if use_bias else B, i64(offBias), i64(sBiasg), i32(use_bias), i32(beta))
