@@ -85,3 +85,33 @@ def test_sgemm_matches_numpy(opencl_device, m, k, n, trans_a):
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = sgemm(opencl_device, np.ascontiguousarray(a.T) if trans_a else a, b, trans_a=trans_a)
     assert R.rel_err(c, a.astype(np.float64) @ b) <= TOL
+
+
+def test_copying_path_of_discrete_devices(opencl_device):
+    """KERAS_CCT_OPENCL_COPY=1 makes the worker mirror the arena in device memory with explicit
+    copies (what a discrete GPU gets) instead of zero-copy host buffers: same results."""
+    from keras_cct.devices.opencl.client import WorkerClient, parse_opencl_name
+    import keras_cct.devices.opencl.conv as conv
+    client = WorkerClient(parse_opencl_name(opencl_device), {"KERAS_CCT_OPENCL_COPY": "1"},
+                          name=opencl_device)
+    x, k, b, kw = _data(CASES[3], 5)
+    ref_args = (kw["strides"], kw["padding"], kw["dilation_rate"], kw["groups"])
+    ref = R.conv2d(x, k, b, *ref_args)
+    dy = np.random.default_rng(6).standard_normal(ref.shape).astype(np.float32)
+    rdx, rdk, rdb = R.conv2d_grads(x, k, dy, *ref_args)
+    g = conv._plan(x.shape, k.shape, kw["strides"], kw["padding"], kw["dilation_rate"],
+                   kw["groups"], "type1")[1]
+    try:
+        for lowering in ("type1", "type2", "type3"):
+            _, out = client.call("conv_forward", {"x": x, "w": k, "b": b},
+                                 {"y": (ref.shape, np.float32)}, g=g, lowering=lowering)
+            assert R.rel_err(out["y"], ref) <= TOL
+            _, out = client.call("conv_backward", {"x": x, "w": k, "dy": dy},
+                                 {"dx": (x.shape, np.float32), "dw": (k.shape, np.float32),
+                                  "db": (b.shape, np.float32)}, g=g, lowering=lowering)
+            assert R.rel_err(out["dx"], rdx) <= TOL
+            assert R.rel_err(out["dw"], rdk) <= TOL
+            assert R.rel_err(out["db"], rdb) <= TOL
+        assert client.request("info")["unified"] is False
+    finally:
+        client.stop()

@@ -140,6 +140,8 @@ class Engine:
         except Exception:  # noqa: BLE001
             unified = False
         self.unified = unified or self.is_cpu
+        if os.environ.get("KERAS_CCT_OPENCL_COPY") == "1":  # force the discrete-GPU path
+            self.unified = False
         self._program = None
         self._kernels = {}
         self.shm = None
@@ -220,12 +222,12 @@ class Engine:
     def upload(self, off: int, nbytes: int) -> None:
         if not self.unified and nbytes:
             self.cl.enqueue_copy(self.queue, self.abuf, self.arena[off:off + nbytes],
-                                 dst_offset=off)
+                                 device_offset=off)
 
     def download(self, off: int, nbytes: int) -> None:
         if not self.unified and nbytes:
             self.cl.enqueue_copy(self.queue, self.arena[off:off + nbytes], self.abuf,
-                                 src_offset=off)
+                                 device_offset=off)
 
     def view(self, off: int, shape) -> np.ndarray:
         n = int(np.prod(shape))
@@ -424,6 +426,7 @@ class Conv:
         e.queue.finish()
         dw = e.view(off["dw"], (g["kh"], g["kw"], cg, G, og))
         dw[...] = np.transpose(host, (1, 3, 2, 0, 4))
+        e.upload(off["dw"], dw.nbytes)  # non-unified devices download it from the mirror
 
     # Type 3 ------------------------------------------------------------------------------------
     def _w3(self, off):
@@ -481,6 +484,7 @@ class Conv:
         e.queue.finish()
         dw = e.view(off["dw"], (g["kh"], g["kw"], cg, G, og))
         dw[...] = np.transpose(host, (2, 3, 1, 0, 4))
+        e.upload(off["dw"], dw.nbytes)  # non-unified devices download it from the mirror
 
 
 class Worker:
