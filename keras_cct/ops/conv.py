@@ -115,7 +115,7 @@ def _np_backward(cfg, with_bias, x, k, dy):
     return (dx, dk, db) if with_bias else (dx, dk)
 
 
-# -- TensorFlow -------------------------------------------------------------------------------------
+# -- TensorFlow -----------------------------------------------------------------------------------
 def _tf_conv(cfg, x, kernel, bias, geom):
     import tensorflow as tf
     x = tf.convert_to_tensor(x)
@@ -150,7 +150,7 @@ def _tf_conv(cfg, x, kernel, bias, geom):
     return op(x, kernel)
 
 
-# -- JAX --------------------------------------------------------------------------------------------
+# -- JAX ------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
 def _jax_op(cfg, with_bias):
     import jax
@@ -182,7 +182,7 @@ def _jax_op(cfg, with_bias):
     return op
 
 
-# -- PyTorch ----------------------------------------------------------------------------------------
+# -- PyTorch --------------------------------------------------------------------------------------
 def _torch_function():
     import torch
 

@@ -163,3 +163,16 @@ def test_too_little_shared_memory_is_a_clear_error(opencl_device, monkeypatch):
         conv2d_forward(opencl_device, big, k)
     monkeypatch.undo()
     _check_conv(opencl_device)
+
+
+def test_worker_starts_no_helper_processes(opencl_device):
+    """Attaching the shared memory must not start a resource tracker inside the worker (it
+    would unlink the parent's segment when the worker exits)."""
+    import shutil
+    if shutil.which("ps") is None:
+        pytest.skip("needs ps")
+    _check_conv(opencl_device)
+    pid = client_for(opencl_device).pid
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True,
+                         text=True)
+    assert out.stdout.strip() == ""

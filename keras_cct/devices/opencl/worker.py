@@ -179,13 +179,16 @@ class Engine:
         self.detach()
         try:
             shm = shared_memory.SharedMemory(name=name, create=False, track=False)
-        except TypeError:  # Python < 3.13: no `track`; the parent owns and unlinks it
-            shm = shared_memory.SharedMemory(name=name, create=False)
+        except TypeError:  # Python < 3.13: no `track`. The parent owns and unlinks the segment;
+            # registering it here would start a resource-tracker process that unlinks it when
+            # this worker exits, so registration is switched off while attaching.
+            from multiprocessing import resource_tracker
+            register = resource_tracker.register
+            resource_tracker.register = lambda *args, **kwargs: None
             try:
-                from multiprocessing import resource_tracker
-                resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-            except Exception:  # noqa: BLE001
-                pass
+                shm = shared_memory.SharedMemory(name=name, create=False)
+            finally:
+                resource_tracker.register = register
         self.shm = shm
         self.arena = np.ndarray((size,), np.uint8, buffer=shm.buf)
         mf = self.cl.mem_flags
