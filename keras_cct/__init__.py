@@ -13,7 +13,9 @@ __version__ = "0.1.0"
 
 from keras_cct import errors  # noqa: E402
 from keras_cct.devices import list_devices  # noqa: E402
+from keras_cct.export import export_onnx  # noqa: E402
 from keras_cct.layers import HybridConv2D  # noqa: E402
 from keras_cct.strategy import CCTStrategy, hybridize  # noqa: E402
 
-__all__ = ["CCTStrategy", "HybridConv2D", "errors", "hybridize", "list_devices", "__version__"]
+__all__ = ["CCTStrategy", "HybridConv2D", "errors", "export_onnx", "hybridize", "list_devices",
+           "__version__"]

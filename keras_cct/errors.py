@@ -86,8 +86,8 @@ class WorkerError(DeviceError):
     """A device worker process died or answered with an error."""
 
 
-class ExportError(KerasCCTError, RuntimeError):
-    """A model cannot be exported; names the layer that cannot."""
+class ExportError(LocatedError, RuntimeError):
+    """A model cannot be exported; ``layer`` names the layer that cannot."""
 
 
 class DeviceDroppedWarning(UserWarning):

@@ -177,7 +177,17 @@ def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: s
                   training: bool = True, repeats: int = 3) -> float:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of ``lowering`` on ``geo``,
     after one warm-up call, on the current Keras backend."""
+    import concurrent.futures
+
     from keras_cct.lowering.timing import make_step
+    # A layer may be built while TF traces a function (its graph and paused gradient tapes are
+    # thread-local): time on a fresh thread, which starts in plain eager mode.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(_time_lowering, geo, lowering, batch, dtype, training, repeats,
+                           make_step).result()
+
+
+def _time_lowering(geo, lowering, batch, dtype, training, repeats, make_step) -> float:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels)).astype(dtype)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters)) * 0.1).astype(dtype)

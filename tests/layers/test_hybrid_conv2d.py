@@ -193,3 +193,24 @@ def test_mixed_precision_policy():
     k, b = layer.get_weights()
     assert ref.rel_err(to_numpy(keras.ops.cast(y, "float32")),
                        ref.conv2d(x, k, b, padding=1)) < 2e-2
+
+
+def test_measure_planner_inside_a_subclassed_model(tmp_path, monkeypatch):
+    """planner='measure' times lowerings even when the layer is built during tracing."""
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path))
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.conv = HybridConv2D(4, 3, padding=1, planner="measure")
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.head(keras.ops.mean(self.conv(x), axis=(1, 2)))
+
+    model = Net()
+    model.compile("sgd", "mse")
+    x = np.random.default_rng(0).standard_normal((4, 6, 6, 2)).astype("float32")
+    model.fit(x, np.zeros((4, 2), "float32"), epochs=1, verbose=0)
+    assert model.conv.chosen_lowering in ("type1", "type2", "type3", "native")
+    assert (tmp_path / "planner.json").exists()
