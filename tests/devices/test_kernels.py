@@ -115,3 +115,35 @@ def test_copying_path_of_discrete_devices(opencl_device):
         assert client.request("info")["unified"] is False
     finally:
         client.stop()
+
+
+def test_clblast_gemm_path(opencl_device):
+    """With KERAS_CCT_OPENCL_GEMM=clblast every GEMM (grouped, transposed, with bias, accumulated)
+    goes through CLBlast: same results as the own kernel's."""
+    pytest.importorskip("pyclblast")
+    from keras_cct.devices.opencl.client import WorkerClient, parse_opencl_name
+    import keras_cct.devices.opencl.conv as conv
+    client = WorkerClient(parse_opencl_name(opencl_device), {"KERAS_CCT_OPENCL_GEMM": "clblast"},
+                          name=opencl_device)
+    x, k, b, kw = _data(CASES[2], 9)
+    ref_args = (kw["strides"], kw["padding"], kw["dilation_rate"], kw["groups"])
+    ref = R.conv2d(x, k, b, *ref_args)
+    dy = np.random.default_rng(10).standard_normal(ref.shape).astype(np.float32)
+    rdx, rdk, rdb = R.conv2d_grads(x, k, dy, *ref_args)
+    g = conv._plan(x.shape, k.shape, kw["strides"], kw["padding"], kw["dilation_rate"],
+                   kw["groups"], "type1")[1]
+    try:
+        assert client.request("info")["gemm"] == "clblast"
+        for lowering in ("type1", "type2", "type3"):
+            _, out = client.call("conv_forward", {"x": x, "w": k, "b": b},
+                                 {"y": (ref.shape, np.float32)}, g=g, lowering=lowering,
+                                 chunk_bytes=1)
+            assert R.rel_err(out["y"], ref) <= TOL
+            _, out = client.call("conv_backward", {"x": x, "w": k, "dy": dy},
+                                 {"dx": (x.shape, np.float32), "dw": (k.shape, np.float32),
+                                  "db": (b.shape, np.float32)}, g=g, lowering=lowering,
+                                 chunk_bytes=1)
+            assert max(R.rel_err(out["dx"], rdx), R.rel_err(out["dw"], rdk),
+                       R.rel_err(out["db"], rdb)) <= TOL
+    finally:
+        client.stop()

@@ -307,3 +307,14 @@ __kernel void colsum(__global const float *dy, const long offDy, const long rows
     for (long r = 0; r < rows; ++r) s += dy[offDy + r * F + o];
     db[offDb + o] = beta ? db[offDb + o] + s : s;
 }
+
+// ---------------------------------------------------------------------------------------------
+// C rows = bias (+ C rows): prepares C for a library GEMM with beta = 1. Global size: (rows).
+// ---------------------------------------------------------------------------------------------
+__kernel void add_bias_rows(__global float *C, const long offC, const int ldc, const int N,
+                            __global const float *bias, const long offBias, const int beta)
+{
+    __global float *c = C + offC + (long)get_global_id(0) * ldc;
+    __global const float *b = bias + offBias;
+    for (int j = 0; j < N; ++j) c[j] = beta ? c[j] + b[j] : b[j];
+}

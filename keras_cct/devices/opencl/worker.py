@@ -148,6 +148,8 @@ class Engine:
         self.arena = None   # numpy uint8 view of the shared memory
         self.abuf = None    # OpenCL buffer over (or mirroring) the arena
         self._scratch = {}
+        self._gemm_library = None
+        self.gemm_timings = {}
 
     # -- program and buffers -------------------------------------------------------------------
     def kernel(self, name: str):
@@ -245,10 +247,17 @@ class Engine:
 
     # -- kernels ---------------------------------------------------------------------------------
     def gemm(self, M, N, K, A, offA, lda, sAg, B, offB, ldb, sBg, C, offC, ldc, sCg, *,
-             groups=1, trans_a=False, bias=None, offBias=0, sBiasg=0, beta=0) -> None:
-        """C[g] = op(A[g]) B[g] (+ C[g]) (+ bias[g]); offsets and strides in floats."""
+             groups=1, trans_a=False, bias=None, offBias=0, sBiasg=0, beta=0,
+             library=None) -> None:
+        """C[g] = op(A[g]) B[g] (+ C[g]) (+ bias[g]); offsets and strides in floats.
+
+        ``library``: ``"own"``, ``"clblast"`` or None (this device's choice,
+        :attr:`gemm_library`)."""
         if M <= 0 or N <= 0:
             return
+        if (library or self.gemm_library) == "clblast":
+            return self._gemm_clblast(M, N, K, A, offA, lda, sAg, B, offB, ldb, sBg, C, offC,
+                                      ldc, sCg, groups, trans_a, bias, offBias, sBiasg, beta)
         i64, i32 = np.int64, np.int32
         k = self.kernel("gemm_tn" if trans_a else "gemm_nn")
         use_bias = bias is not None
@@ -259,6 +268,76 @@ class Engine:
           i32(M), i32(N), i32(K), A, i64(offA), i32(lda), i64(sAg),
           B, i64(offB), i32(ldb), i64(sBg), C, i64(offC), i32(ldc), i64(sCg),
           bias if use_bias else B, i64(offBias), i64(sBiasg), i32(use_bias), i32(beta))
+
+    # -- GEMM library choice ----------------------------------------------------------------------
+    @property
+    def gemm_library(self) -> str:
+        """``"own"`` (kernels.cl) or ``"clblast"``, chosen once per worker.
+
+        ``KERAS_CCT_OPENCL_GEMM`` = ``own`` | ``clblast`` | ``measure`` | ``auto`` (default).
+        ``auto``: the own kernel on CPU devices (on PoCL CLBlast measured 10-20x slower), and on
+        other devices whichever of the two is faster on a conv-shaped GEMM when pyclblast is
+        installed. ``measure`` measures on CPU devices too.
+        """
+        if self._gemm_library is None:
+            want = os.environ.get("KERAS_CCT_OPENCL_GEMM", "auto")
+            if want not in ("own", "clblast", "measure", "auto"):
+                raise RequestError(f"KERAS_CCT_OPENCL_GEMM={want!r}: use own, clblast, measure "
+                                   "or auto")
+            if want in ("auto", "measure") and (want == "measure" or not self.is_cpu):
+                try:
+                    import pyclblast  # noqa: F401
+                except ImportError:
+                    want = "own"
+                else:
+                    own = self._time_gemm("own")
+                    try:
+                        clb = self._time_gemm("clblast")
+                    except Exception:  # noqa: BLE001 - a failing library is not chosen
+                        clb = float("inf")
+                    want = "clblast" if clb < own else "own"
+                    self.gemm_timings = {"own": own, "clblast": clb}
+            elif want == "auto":
+                want = "own"
+            if want == "clblast":
+                import pyclblast  # noqa: F401 - fails clearly here if missing
+            self._gemm_library = want
+        return self._gemm_library
+
+    def _time_gemm(self, library: str, M: int = 1024, N: int = 256, K: int = 1152) -> float:
+        a = self.to_scratch("sel_a", np.ones((M, K), np.float32))
+        b = self.to_scratch("sel_b", np.ones((K, N), np.float32))
+        c = self.scratch("sel_c", 4 * M * N)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            self.gemm(M, N, K, a, 0, K, 0, b, 0, N, 0, c, 0, N, 0, library=library)
+            self.queue.finish()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def _array(self, buf):
+        """A 2-D (n x 1) float32 pyopencl Array over ``buf`` (pyclblast wants 2-D arrays; the
+        real shape goes in the offsets and leading dimensions)."""
+        import pyopencl.array as cla
+        return cla.Array(self.queue, (buf.size // 4, 1), np.float32, data=buf)
+
+    def _gemm_clblast(self, M, N, K, A, offA, lda, sAg, B, offB, ldb, sBg, C, offC, ldc, sCg,
+                      groups, trans_a, bias, offBias, sBiasg, beta):
+        import pyclblast
+        i64, i32 = np.int64, np.int32
+        a, b, c = self._array(A), self._array(B), self._array(C)
+        for g in range(groups):
+            cbeta = float(beta)
+            if bias is not None:
+                # C = bias (+ C), then C += A B
+                self.kernel("add_bias_rows")(
+                    self.queue, (M,), None, C, i64(offC + g * sCg), i32(ldc), i32(N), bias,
+                    i64(offBias + g * sBiasg), i32(beta))
+                cbeta = 1.0
+            pyclblast.gemm(self.queue, M, N, K, a, b, c, a_ld=lda, b_ld=ldb, c_ld=ldc,
+                           beta=cbeta, a_transp=bool(trans_a), a_offset=int(offA + g * sAg),
+                           b_offset=int(offB + g * sBg), c_offset=int(offC + g * sCg))
 
 
 def _check(cond: bool, message: str) -> None:
@@ -537,6 +616,7 @@ class Worker:
         return {"name": d.name.strip(), "vendor": d.vendor.strip(), "kind": _kind(cl, d.type),
                 "compute_units": int(d.max_compute_units), "memory": int(d.global_mem_size),
                 "unified": self.engine.unified, "pid": os.getpid(),
+                "gemm": self.engine.gemm_library, "gemm_timings": self.engine.gemm_timings,
                 "platform": d.platform.name.strip()}
 
     def cmd_attach(self, name, size):
@@ -614,7 +694,7 @@ class Worker:
             C = e.scratch("cal_c", 4 * M * N)
             lda = M if trans_a else K
             run = lambda: e.gemm(M, N, K, A, 0, lda, 0, B, 0, N, 0, C, 0, N, 0,  # noqa: E731
-                                 trans_a=trans_a)
+                                 trans_a=trans_a, library="own")
         elif library == "clblast":
             try:
                 import pyclblast
