@@ -90,3 +90,23 @@ def test_conv2d_on_errors(opencl_device):
         conv2d_on(opencl_device, keras.ops.zeros((1, 2, 2, 3)), k)
     with pytest.raises(LoweringError, match="not available on OpenCL"):
         conv2d_on(opencl_device, keras.ops.zeros((1, 5, 5, 3)), k, lowering="native")
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow graph ops")
+def test_tf_ops_are_stateless_numpy_functions(opencl_device):
+    """stateful=False (PyFuncStateless) lets TF run two such ops, or one and a TF op, at once."""
+    import tensorflow as tf
+    x = tf.zeros((1, 5, 5, 2))
+    k = tf.Variable(tf.zeros((3, 3, 2, 4)))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = conv2d_on(opencl_device, x, k)
+        return tape.gradient(y, [x, k])
+
+    graph = step.get_concrete_function(x).graph
+    types = [op.type for op in graph.get_operations()]
+    assert types.count("PyFuncStateless") == 2  # forward and backward
+    assert "PyFunc" not in types

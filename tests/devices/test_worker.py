@@ -176,3 +176,23 @@ def test_worker_starts_no_helper_processes(opencl_device):
     out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True,
                          text=True)
     assert out.stdout.strip() == ""
+
+
+def test_two_workers_run_at_the_same_time(opencl_device):
+    """Waiting on a worker releases the GIL, so requests to two devices overlap."""
+    import threading
+    a = WorkerClient(parse_opencl_name(opencl_device), name="a")
+    b = WorkerClient(parse_opencl_name(opencl_device), name="b")
+    try:
+        a.request("ping"), b.request("ping")
+        threads = [threading.Thread(target=c.request, args=("sleep",), kwargs={"seconds": 1.0})
+                   for c in (a, b)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert time.perf_counter() - t0 < 1.8
+    finally:
+        a.stop()
+        b.stop()

@@ -729,6 +729,11 @@ class Worker:
                 break
         return {"gflops": 2.0 * M * N * K * n / dt / 1e9, "seconds": dt / n}
 
+    def cmd_sleep(self, seconds=0.1):
+        """Wait (for tests of concurrency between workers)."""
+        time.sleep(float(seconds))
+        return os.getpid()
+
     def cmd_crash(self):
         os._exit(3)
 
