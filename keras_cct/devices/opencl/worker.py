@@ -162,6 +162,13 @@ class Engine:
             k = self._kernels[name] = self.cl.Kernel(self._program, name)
         return k
 
+    def launch(self, name: str, global_size, *args):
+        """Enqueue kernel ``name``. On CPU devices each work-group is one work-item: the
+        kernels loop inside a work-item, and PoCL compiles one variant per local size, so a
+        fixed size also avoids a compilation per new shape."""
+        local = (1,) * len(global_size) if self.is_cpu else None
+        return self.kernel(name)(self.queue, tuple(int(v) for v in global_size), local, *args)
+
     def build(self, source: str, options: str = ""):
         cl = self.cl
         prg = cl.Program(self.ctx, source)
@@ -331,8 +338,8 @@ class Engine:
             cbeta = float(beta)
             if bias is not None:
                 # C = bias (+ C), then C += A B
-                self.kernel("add_bias_rows")(
-                    self.queue, (M,), None, C, i64(offC + g * sCg), i32(ldc), i32(N), bias,
+                self.launch(
+                    "add_bias_rows", (M,), C, i64(offC + g * sCg), i32(ldc), i32(N), bias,
                     i64(offBias + g * sBiasg), i32(beta))
                 cbeta = 1.0
             pyclblast.gemm(self.queue, M, N, K, a, b, c, a_ld=lda, b_ld=ldb, c_ld=ldc,
@@ -381,7 +388,7 @@ class Conv:
     def _im2col(self, n0, nb, col, offX):
         g, e = self.g, self.e
         hw, rest = self._conv_args()
-        e.kernel("im2col")(e.queue, (g["kh"], nb * g["oh"]), None,
+        e.launch("im2col", (g["kh"], nb * g["oh"]),
                            e.abuf, np.int64(offX + n0 * g["H"] * g["W"] * g["C"]), col,
                            np.int64(0), *hw, np.int32(g["C"]), *rest)
 
@@ -419,17 +426,17 @@ class Conv:
             # dcol = dy * W^T, then col2im -> dx
             e.gemm(rows, K, og, e.abuf, offdy, F, og, wt, 0, K, og * K,
                    dcol, 0, G * K, K, groups=G)
-            e.kernel("col2im")(e.queue, (nb * g["H"],), None, dcol, np.int64(0),
+            e.launch("col2im", (nb * g["H"],), dcol, np.int64(0),
                                e.abuf, np.int64(off["dx"] // 4 + n0 * g["H"] * g["W"] * g["C"]),
                                *hw, np.int32(g["C"]), *rest)
             # dW (+)= col^T * dy, with col^T lowered directly
-            e.kernel("im2colT")(e.queue, (g["kh"], nb * g["oh"]), None, e.abuf,
+            e.launch("im2colT", (g["kh"], nb * g["oh"]), e.abuf,
                                 np.int64(off["x"] // 4 + n0 * g["H"] * g["W"] * g["C"]), colT,
                                 np.int64(0), np.int64(rows), *hw, np.int32(g["C"]), *rest)
             e.gemm(K, og, rows, colT, 0, rows, K * rows, e.abuf, offdy, F, og,
                    e.abuf, off["dw"] // 4, F, og, groups=G, beta=int(n0 > 0))
             if off.get("db") is not None:
-                e.kernel("colsum")(e.queue, (F,), None, e.abuf, np.int64(offdy),
+                e.launch("colsum", (F,), e.abuf, np.int64(offdy),
                                    np.int64(rows), np.int32(F), e.abuf,
                                    np.int64(off["db"] // 4), np.int32(n0 > 0))
 
@@ -461,12 +468,12 @@ class Conv:
         has_b = off.get("b") is not None
         for n0 in range(0, g["N"], nbc):
             nb = min(nbc, g["N"] - n0)
-            e.kernel("im2col")(e.queue, (g["kh"], nb * g["oh"]), None, e.abuf,
+            e.launch("im2col", (g["kh"], nb * g["oh"]), e.abuf,
                                np.int64(off["x"] // 4 + n0 * g["H"] * W * g["C"]), D,
                                np.int64(0), *lhw, np.int32(g["C"]), *lrest)
             e.gemm(nb * rows_img, L, K, D, 0, G * K, K, w2, 0, L, K * L, T, 0, G * L, L,
                    groups=G)
-            e.kernel("lift3")(e.queue, (nb * g["oh"] * g["ow"],), None, T, np.int64(0), e.abuf,
+            e.launch("lift3", (nb * g["oh"] * g["ow"],), T, np.int64(0), e.abuf,
                               np.int64(off["y"] // 4 + n0 * g["oh"] * g["ow"] * F),
                               e.abuf, np.int64((off.get("b") or 0) // 4), np.int32(has_b),
                               *fhw, np.int32(F), *frest)
@@ -489,18 +496,18 @@ class Conv:
             rows = nb * rows_img
             offx = off["x"] // 4 + n0 * g["H"] * W * g["C"]
             offdy = off["dy"] // 4 + n0 * g["oh"] * g["ow"] * F
-            e.kernel("im2col")(e.queue, (g["kh"], nb * g["oh"]), None, e.abuf, np.int64(offx),
+            e.launch("im2col", (g["kh"], nb * g["oh"]), e.abuf, np.int64(offx),
                                D, np.int64(0), *lhw, np.int32(g["C"]), *lrest)
-            e.kernel("unlift3")(e.queue, (g["kw"], rows), None, e.abuf, np.int64(offdy), dT,
+            e.launch("unlift3", (g["kw"], rows), e.abuf, np.int64(offdy), dT,
                                 np.int64(0), *fhw, np.int32(F), *frest)
             e.gemm(rows, K, L, dT, 0, G * L, L, w2t, 0, K, L * K, dD, 0, G * K, K, groups=G)
-            e.kernel("col2im")(e.queue, (nb * g["H"],), None, dD, np.int64(0), e.abuf,
+            e.launch("col2im", (nb * g["H"],), dD, np.int64(0), e.abuf,
                                np.int64(off["dx"] // 4 + n0 * g["H"] * W * g["C"]),
                                *lhw, np.int32(g["C"]), *lrest)
             e.gemm(K, L, rows, D, 0, G * K, K, dT, 0, G * L, L, dw2, 0, L, K * L, groups=G,
                    trans_a=True, beta=int(n0 > 0))
             if off.get("db") is not None:
-                e.kernel("colsum")(e.queue, (F,), None, e.abuf, np.int64(offdy),
+                e.launch("colsum", (F,), e.abuf, np.int64(offdy),
                                    np.int64(nb * g["oh"] * g["ow"]), np.int32(F), e.abuf,
                                    np.int64(off["db"] // 4), np.int32(n0 > 0))
         host = np.empty((G, g["kh"], cg, g["kw"], og), np.float32)
@@ -530,7 +537,7 @@ class Conv:
             nb = min(nbc, g["N"] - n0)
             e.gemm(nb * pix, L, cg, e.abuf, off["x"] // 4 + n0 * pix * g["C"], g["C"], cg,
                    w3, 0, L, cg * L, T, 0, G * L, L, groups=G)
-            e.kernel("lift3")(e.queue, (nb * g["oh"] * g["ow"],), None, T, np.int64(0), e.abuf,
+            e.launch("lift3", (nb * g["oh"] * g["ow"],), T, np.int64(0), e.abuf,
                               np.int64(off["y"] // 4 + n0 * g["oh"] * g["ow"] * F),
                               e.abuf, np.int64((off.get("b") or 0) // 4), np.int32(has_b),
                               *hw, np.int32(F), *rest)
@@ -550,7 +557,7 @@ class Conv:
             nb = min(nbc, g["N"] - n0)
             offdy = off["dy"] // 4 + n0 * g["oh"] * g["ow"] * F
             offx = off["x"] // 4 + n0 * pix * g["C"]
-            e.kernel("unlift3")(e.queue, (kk, nb * pix), None, e.abuf, np.int64(offdy), dT,
+            e.launch("unlift3", (kk, nb * pix), e.abuf, np.int64(offdy), dT,
                                 np.int64(0), *hw, np.int32(F), *rest)
             e.gemm(nb * pix, cg, L, dT, 0, G * L, L, w3t, 0, cg, L * cg,
                    e.abuf, off["dx"] // 4 + n0 * pix * g["C"], g["C"], cg, groups=G)
@@ -558,7 +565,7 @@ class Conv:
                    dw3, 0, L, cg * L, groups=G, trans_a=True, beta=int(n0 > 0))
             if off.get("db") is not None:
                 rows = nb * g["oh"] * g["ow"]
-                e.kernel("colsum")(e.queue, (F,), None, e.abuf, np.int64(offdy),
+                e.launch("colsum", (F,), e.abuf, np.int64(offdy),
                                    np.int64(rows), np.int32(F), e.abuf,
                                    np.int64(off["db"] // 4), np.int32(n0 > 0))
         host = np.empty((G, cg, g["kh"], g["kw"], og), np.float32)
