@@ -102,3 +102,19 @@ def test_cct_devices_prints_a_table(opencl_device, cache_dir, capsys):
     assert cct_main(["devices", "--json", "--no-calibrate"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert any(r["name"] == opencl_device and r["gflops"] > 0 for r in rows)
+
+
+def test_no_opencl_platform_is_reported_not_fatal(monkeypatch, tmp_path, capsys, cache_dir):
+    """With no OpenCL ICD visible, discovery lists no OpenCL device and says why."""
+    import keras_cct.devices.registry as registry
+    from keras_cct.devices.opencl.client import client_for
+    monkeypatch.setattr(registry, "_OPENCL_CACHE", None)
+    discovery = client_for(None, env={"OCL_ICD_VENDORS": str(tmp_path)})  # an empty folder
+    try:
+        info = registry.opencl_platforms(refresh=True)
+        assert info["platforms"] == [] and info["error"]
+        assert all(not d.is_opencl for d in list_devices(calibrate=False))
+        assert cct_main(["devices", "--no-calibrate"]) == 0
+        assert "OpenCL: none available" in capsys.readouterr().out
+    finally:
+        discovery.set_env({})

@@ -78,7 +78,11 @@ def _probe_build(cl, device) -> str:
 
 def list_platforms(probe: bool = True):
     """Every OpenCL platform and device, as plain dicts (no pyopencl objects)."""
-    cl = _cl()
+    try:
+        cl = _cl()
+    except ImportError as exc:
+        return {"platforms": [], "error": f"pyopencl is not installed ({exc}); "
+                                          "pip install 'keras_cct[opencl]'"}
     out = []
     try:
         platforms = cl.get_platforms()
