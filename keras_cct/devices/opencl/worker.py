@@ -26,10 +26,9 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.cl")
-BUILD_OPTIONS = "-cl-mad-enable"
+BUILD_OPTIONS = ""
 RM = 8   # rows of C per work-item in the GEMM (see kernels.cl)
 RN = 32  # columns of C per work-item
-ALIGN = 128
 
 
 class RequestError(ValueError):
