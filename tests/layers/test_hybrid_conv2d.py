@@ -15,8 +15,9 @@ LOWERINGS = ("type1", "type2", "type3", "native", "auto")
 # name: (input shape, Conv2D kwargs); explicit int/tuple padding is compared with
 # ZeroPadding2D + a valid Conv2D.
 CASES = {
-    # CaffeNet's five convolutions (batch 1): conv1 k11 s4, grouped conv2/4/5.
-    "caffenet_conv1": ((1, 227, 227, 3), dict(filters=96, kernel_size=11, strides=4)),
+    # CaffeNet's five convolutions (batch 1): conv1 k11 s4, grouped conv2/4/5. conv1 runs on a
+    # 59x59 input (13x13 output): the same layer, without Type 3's 2.4 GB lifted matrix at 227.
+    "caffenet_conv1": ((1, 59, 59, 3), dict(filters=96, kernel_size=11, strides=4)),
     "caffenet_conv2": ((1, 27, 27, 96), dict(filters=256, kernel_size=5, padding=2, groups=2)),
     "caffenet_conv3": ((1, 13, 13, 256), dict(filters=384, kernel_size=3, padding=1)),
     "caffenet_conv4": ((1, 13, 13, 384), dict(filters=384, kernel_size=3, padding=1, groups=2)),
