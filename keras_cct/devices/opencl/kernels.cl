@@ -200,8 +200,11 @@ __kernel void col2im(__global const float *dcol, const long offCol, __global flo
     const int oy1 = min(oh - 1, py / sh);
     for (int oy = out_lo(py, kh, sh, dh); oy <= oy1; ++oy) {
         const int ry = py - oy * sh;
-        if (ry % dh) continue;
-        const int i = ry / dh;
+        int i = ry;
+        if (dh != 1) {   // integer division is slow: skip it for the usual dilation 1
+            if (ry % dh) continue;
+            i = ry / dh;
+        }
         __global const float *srow = dcol + offCol + (n * oh + oy) * (long)ow * K
                                      + (long)i * kw * cg;
         for (int xx = 0; xx < W; ++xx) {
@@ -210,8 +213,12 @@ __kernel void col2im(__global const float *dcol, const long offCol, __global flo
             const int ox1 = min(ow - 1, px / sw);
             for (int ox = out_lo(px, kw, sw, dw); ox <= ox1; ++ox) {
                 const int rx = px - ox * sw;
-                if (rx % dw) continue;
-                __global const float *src = srow + (long)ox * K + (long)(rx / dw) * cg;
+                int j = rx;
+                if (dw != 1) {
+                    if (rx % dw) continue;
+                    j = rx / dw;
+                }
+                __global const float *src = srow + (long)ox * K + (long)j * cg;
                 for (int g = 0; g < groups; ++g)
                     for (int c = 0; c < cg; ++c) dst[g * cg + c] += src[g * gstride + c];
             }
