@@ -50,7 +50,7 @@ class Device:
     compute_units: Optional[int] = None
     memory: Optional[int] = None
     gflops: Optional[float] = None
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def is_opencl(self) -> bool:

@@ -88,6 +88,7 @@ def test_get_device_errors():
         get_device("opencl:x")
     d = get_device(f"{PREFIX}:cpu:0")
     assert isinstance(d, Device) and d.kind == "cpu" and not d.is_opencl
+    assert {d: 1}[get_device(f"{PREFIX}:cpu:0")] == 1  # hashable, equal by value
 
 
 @pytest.mark.opencl
