@@ -1,0 +1,218 @@
+"""Run keras_cct's whole benchmark suite: ``python -m benchmarks [--quick] [--out DIR]``.
+
+One part per research question of Caffe con Troll, each in its own process (so that a crash
+or a TensorFlow thread setting of one part cannot affect another), in this order:
+
+======  =============================  ==========================================
+RQ      part                           module
+======  =============================  ==========================================
+RQ1     batching                       :mod:`benchmarks.batching`
+RQ2     lowering types, d/o sweep      :mod:`benchmarks.lowering`
+RQ3     planner regret                 :mod:`benchmarks.planner` (reuses RQ2's times)
+RQ4     hybrid CPU + OpenCL            :mod:`benchmarks.hybrid`
+RQ5     FLOPS proportionality          :mod:`benchmarks.flops`
+======  =============================  ==========================================
+
+Each part writes ``<part>.json``, ``<part>.md`` and ``<part>.png`` under ``--out`` (default
+``docs/benchmarks/``); its printed output goes to ``<out>/logs/<part>.log``. At the end
+``summary.md`` / ``summary.json`` put each question's headline figure next to CcT's published
+one; when ``--out`` is the default folder, the same table also replaces the section between
+the ``results`` markers of ``docs/benchmarks.md``. The exit status is 1 if any part failed
+(the others still run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "docs" / "benchmarks"
+PAGE = ROOT / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+# part name -> research question, title
+PARTS = {
+    "batching": ("RQ1", "batching: Caffe's per-image lowering vs batch partitions"),
+    "lowering": ("RQ2", "lowering types on CaffeNet and the d/o sweep"),
+    "planner": ("RQ3", "the planner's choice vs the fastest lowering"),
+    "hybrid": ("RQ4", "hybrid execution under CCTStrategy"),
+    "flops": ("RQ5", "throughput proportional to calibrated FLOPS"),
+}
+
+
+def _load(out: Path, name: str) -> Optional[dict]:
+    try:
+        return json.loads((out / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _rq1(d: dict) -> str:
+    s = d["speedup_p_cores_vs_caffe"]["iteration"]
+    return (f"whole CaffeNet iteration: {d['cores']} partitions = {s:.2f}x Caffe's per-image "
+            f"lowering on {d['cores']} cores (batch {d['batch']})")
+
+
+def _rq2(d: dict) -> str:
+    pts = sorted(d["sweep"]["points"], key=lambda p: p["ratio"])
+    cross = next((p["ratio"] for p in pts if p["ms"]["type3"] < p["ms"]["type1"]), None)
+    where = f"Type 3 first beats Type 1 at d/o = {cross:g}" if cross is not None else \
+        "Type 3 never beat Type 1 on the sweep"
+    return f"{where}; cost model within 10% of the fastest on " \
+           f"{100 * d['sweep']['model_within_10pct']:.0f}% of the points"
+
+
+def _rq3(d: dict) -> str:
+    t = d.get("totals") or {}
+    e2e = d["end_to_end"]["regret_vs_oracle"].get("planner (model)")
+    parts = []
+    if t:
+        parts.append(f"sum of per-layer times, cost model's picks vs fastest: "
+                     f"+{100 * t['model_regret']:.0f}%")
+    if e2e is not None:
+        parts.append(f"end to end (batch {d['end_to_end_batch']}): {100 * e2e:+.0f}% vs the "
+                     "per-layer oracle")
+    return "; ".join(parts) or "no complete result"
+
+
+def _rq4(d: dict) -> str:
+    s = d["summary"]["layer_images_per_s"]
+    m = d["summary"]["model_images_per_s"]
+    return (f"hybrid / (TF 1 core + OpenCL 1 core): conv2 {s['hybrid_vs_ideal']:.2f}, "
+            f"small model {m['hybrid_vs_ideal']:.2f}; hybrid / TF on all cores: conv2 "
+            f"{s['hybrid_vs_tf2']:.2f}")
+
+
+def _rq5(d: dict) -> str:
+    f = d.get("fit")
+    if not f:
+        return "fewer than two configurations measured"
+    return (f"images/s = {f['slope_images_per_gflop']:.3g} x calibrated GFLOP/s, R^2 = "
+            f"{f['r2']:.2f}, largest deviation {100 * f['max_rel_deviation']:.0f}%")
+
+
+HEADLINES: Dict[str, Callable[[dict], str]] = {
+    "batching": _rq1, "lowering": _rq2, "planner": _rq3, "hybrid": _rq4, "flops": _rq5}
+CCT = {
+    "batching": "4.5x over Caffe at 8-16 cores",
+    "lowering": "Type 1 best for d < o, Type 3 for d > o: crossover at d/o about 1",
+    "planner": "picks the lowering by that crossover (no regret figure published)",
+    "hybrid": "about 0.88 of the ideal (sum of the devices)",
+    "flops": "throughput proportional to device FLOPS",
+}
+
+
+def summary(out: Path, status: Dict[str, str]) -> tuple:
+    """(markdown, json-able dict) of every part's headline figure next to CcT's."""
+    rows, data = [], {}
+    for name, (rq, title) in PARTS.items():
+        d = _load(out, name)
+        if status.get(name, "ok") != "ok":
+            line = f"failed: {status[name]}"
+        elif d is None:
+            line = "not run"
+        else:
+            try:
+                line = HEADLINES[name](d)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+                line = f"incomplete result ({type(exc).__name__}: {exc})"
+            if name not in status:
+                line = f"(not run this time; earlier result) {line}"
+        data[name] = {"rq": rq, "title": title, "keras_cct": line, "cct": CCT[name]}
+        png = f"{name}.png" if (out / f"{name}.png").exists() else ""
+        rows.append(f"| {rq} | {title} | {line} | {CCT[name]} | "
+                    + (f"[plot]({png}), [table]({name}.md)" if png else "-") + " |")
+    md = ("| RQ | question | keras_cct, this run | CcT (published) | details |\n"
+          "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    return md, data
+
+
+def update_page(page: Path, table: str, command: str, when: str) -> bool:
+    """Replace the text between the results markers of ``page``; False if it has none."""
+    try:
+        text = page.read_text()
+    except OSError:
+        return False
+    if BEGIN not in text or END not in text:
+        return False
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    # links in the page are relative to docs/, the table's to docs/benchmarks/
+    table = table.replace("](", "](benchmarks/")
+    body = f"\n_Last run: `{command}`, {when}._\n\n{table}\n"
+    page.write_text(head + BEGIN + body + END + tail)
+    return True
+
+
+def run_part(name: str, argv: Sequence[str], out: Path, timeout: float) -> str:
+    """Run ``python -m benchmarks.<name> argv`` from the source root; 'ok' or why it failed."""
+    log_dir = out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"),
+               KERAS_BACKEND=os.environ.get("KERAS_BACKEND", "tensorflow"),
+               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
+                   "PYTHONPATH", "").split(os.pathsep) if p]))
+    with open(log_dir / f"{name}.log", "w") as log:
+        try:
+            proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *argv],
+                                  cwd=ROOT, env=env, stdout=log, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout:.0f} s"
+    if proc.returncode != 0:
+        return f"exit code {proc.returncode} (see {log_dir / (name + '.log')})"
+    return "ok"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks",
+                                     description="Run keras_cct's benchmark suite (CcT RQ1-RQ5).")
+    parser.add_argument("--quick", action="store_true",
+                        help="small batches and few repeats (minutes, not the real figures)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="folder for the JSON, markdown and PNG results "
+                             "(default: docs/benchmarks/ of the source checkout)")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help="comma-separated subset of: " + ", ".join(PARTS))
+    parser.add_argument("--timeout", type=float, default=3600,
+                        help="seconds allowed per part (default 3600)")
+    args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    from tqdm import tqdm
+    status, seconds = {}, {}
+    sub = (["--quick"] if args.quick else []) + ["--out", str(out)]
+    with tqdm(parts, desc="benchmark suite", unit="part", position=0) as bar:
+        for name in bar:
+            bar.set_postfix_str(f"{PARTS[name][0]} {name}")
+            t0 = time.perf_counter()
+            status[name] = run_part(name, sub, out, args.timeout)
+            seconds[name] = time.perf_counter() - t0
+            if status[name] != "ok":
+                tqdm.write(f"{name}: {status[name]}", file=sys.stderr)
+    table, data = summary(out, status)
+    command = "python -m benchmarks" + (" --quick" if args.quick else "")
+    when = time.strftime("%Y-%m-%d %H:%M %Z")
+    (out / "summary.md").write_text(f"# Benchmark summary\n\nCommand: `{command}` ({when}).\n\n"
+                                    + table)
+    (out / "summary.json").write_text(json.dumps(
+        {"command": command, "when": when, "parts": data, "status": status,
+         "seconds": seconds}, indent=1))
+    if out == DEFAULT_OUT.resolve():
+        update_page(PAGE, table, command, when)
+    print(table)
+    return 0 if all(s == "ok" for s in status.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

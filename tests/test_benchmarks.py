@@ -1,0 +1,240 @@
+"""The benchmark suite cannot rot: a tiny configuration of each part (RQ1-RQ5), the kernels of
+the batching benchmark against the float64 reference, the summary and ``cct bench``."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from tests import reference as ref
+from tests.conftest import IN_CI, ROOT
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                                reason="the benchmarks run on the TensorFlow backend")
+
+
+class _Count:
+    """A stand-in for tqdm that counts updates."""
+
+    def __init__(self):
+        self.n = 0
+
+    def update(self, k=1):
+        self.n += k
+
+
+def _finite_positive(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+
+
+@pytest.fixture(scope="module")
+def opencl_name():
+    from keras_cct.devices import list_devices
+    names = [d.name for d in list_devices(calibrate=False, sub_devices=True) if d.is_opencl]
+    if "opencl:0:0" not in names:
+        if IN_CI:
+            pytest.fail("no OpenCL device: ci/test installs PoCL (pocl-opencl-icd)")
+        pytest.skip("no OpenCL platform on this machine (install pocl-opencl-icd)")
+    return "opencl:0:0"
+
+
+# ------------------------------------------------------------------------------ RQ1 batching
+
+@pytest.mark.parametrize("hw,c,o,k,s,p,g", [(9, 4, 6, 3, 2, 1, 2), (7, 3, 4, 3, 1, 0, 1)])
+def test_batching_kernels_match_reference(hw, c, o, k, s, p, g):
+    """The lowering + GEMM + col2im the benchmark times compute the real convolution and its
+    gradients, also when the batch is run as two partitions (kernel gradients summed)."""
+    from benchmarks.batching import ConvSpec, _ConvWork
+    spec = ConvSpec("t", hw, c, o, k, s, p, g)
+    work = _ConvWork(spec, 3, np.random.default_rng(0))
+    x = work.xp[:, p:p + hw, p:p + hw].copy()
+    kernel = np.concatenate([w.reshape(k, k, c // g, o // g) for w in work.w], axis=-1)
+    rows = spec.out * spec.out
+    dy = work.dy.reshape(g, 3, spec.out, spec.out, o // g).transpose(1, 2, 3, 0, 4).reshape(
+        3, spec.out, spec.out, o)
+    work.run(0, 1)
+    work.run(1, 2)  # a second partition accumulating into the same kernel gradient
+    y = work.y.reshape(g, 3, spec.out, spec.out, o // g).transpose(1, 2, 3, 0, 4).reshape(
+        3, spec.out, spec.out, o)
+    assert ref.rel_err(y, ref.conv2d(x, kernel, strides=s, padding=p, groups=g)) < 1e-5
+    dx, dk, _ = ref.conv2d_grads(x, kernel, dy, strides=s, padding=p, groups=g)
+    got_dk = np.concatenate([w.reshape(k, k, c // g, o // g) for w in work.dw], axis=-1)
+    assert ref.rel_err(got_dk, dk) < 1e-5
+    assert ref.rel_err(work.dxp[:, p:p + hw, p:p + hw], dx) < 1e-5
+    assert rows * 3 == work.y.shape[1]
+
+
+def test_batching_split():
+    from benchmarks.batching import _split
+    assert _split(10, 3) == [(0, 4), (4, 3), (7, 3)]
+    assert _split(2, 4) == [(0, 1), (1, 1)]
+
+
+def test_batching_tiny_run(tmp_path):
+    from benchmarks import batching
+    from benchmarks.common import write_results
+    convs = [batching.ConvSpec("a", 9, 3, 8, 3, 2, 1, 1, need_dx=False),
+             batching.ConvSpec("b", 5, 8, 8, 3, 1, 1, 2)]
+    progress = _Count()
+    data = batching.run(batch=3, repeats=1, cores=2, convs=convs, fcs={"fc": (32, 10)},
+                        progress=progress)
+    assert progress.n == 3 * len(batching.configurations(2))
+    assert data["configs"] == ["caffe", "batch whole", "batch p=1", "batch p=2"]
+    for name in ("a", "b", "iteration"):
+        assert all(_finite_positive(v) for v in data["images_per_s"][name].values())
+    md = batching.markdown(data, "test")
+    write_results(tmp_path, "batching", data, md)
+    batching.plot(data, tmp_path / "batching.png")
+    assert (tmp_path / "batching.png").stat().st_size > 1000
+    assert "| iteration |" in md
+
+
+# ------------------------------------------------------------------------------ RQ2 lowering
+
+def test_lowering_sweep_tiny():
+    from benchmarks import lowering
+    progress = _Count()
+    sweep, md = lowering.sweep_part(batch=1, hw=6, repeats=1, points=[-3, 3], progress=progress)
+    assert progress.n == 6 and len(sweep["points"]) == 2
+    for pt in sweep["points"]:
+        assert pt["ms"][pt["fastest"]] == min(pt["ms"].values())
+        assert pt["regret"] >= 0
+    assert "d/o" in md
+
+
+# ------------------------------------------------------------------------------ RQ3 planner
+
+def test_planner_tiny(tmp_path):
+    from benchmarks import planner
+    layers = {"conv1": (9, 3, 8, 3, 2, 0, 1), "conv2": (5, 8, 8, 3, 1, 1, 2)}
+    errors: list = []
+    times = planner.layer_times(2, 1, tmp_path, layers=layers, errors=errors)
+    assert errors == []
+    res = planner.per_layer(2, times, layers=layers, errors=errors)
+    for name, r in res.items():
+        t = r["ms"]
+        assert r["fastest"] == min(t, key=t.get)
+        assert r["model_choice"] in ("type1", "type2", "type3")
+        assert r["measure_choice"] in planner.CANDIDATES
+        assert math.isclose(r["model_regret"], t[r["model_choice"]] / min(t.values()) - 1)
+    tot = planner.totals(res)
+    assert tot["model_ms"] >= tot["fastest_ms"] > 0
+
+
+def test_planner_memory_guard():
+    """Type 3 on CaffeNet's conv1 is skipped (its temporaries would not fit), not run."""
+    from benchmarks import planner
+    geo = planner._geometry("conv1", 32)
+    skip = planner.feasible(geo, 32, budget=16 << 30)
+    assert skip["type3"] and "GB" in skip["type3"]
+    assert skip["type1"] is None and skip["native"] is None
+
+
+@pytest.mark.slow
+def test_planner_end_to_end_tiny():
+    from benchmarks import planner
+    oracle = {n: "type1" for n in planner.CAFFENET}
+    e2e = planner.end_to_end(1, 1, oracle, oracle, hw=67, fc=16)
+    assert all(_finite_positive(v) for v in e2e["step_s"].values()), e2e
+    assert e2e["regret_vs_oracle"]["oracle"] == 0
+    assert e2e["lowerings"]["oracle"] == oracle
+
+
+# ------------------------------------------------------------------------------ RQ4 hybrid
+
+@pytest.mark.slow
+@pytest.mark.opencl
+def test_hybrid_tiny_config(opencl_name):
+    from benchmarks import hybrid
+    res = hybrid._spawn(dict(batch=2, repeats=1, steps=1, cl_threads=1, split=[0.5, 0.5],
+                             devices=["tf:cpu:0", opencl_name], tf_threads=1))
+    assert _finite_positive(res["layer_images_per_s"])
+    assert _finite_positive(res["model_images_per_s"])
+    assert math.isclose(sum(res["fractions"].values()), 1.0, rel_tol=1e-6)
+
+
+# ------------------------------------------------------------------------------ RQ5 flops
+
+def test_flops_fit_against_lstsq():
+    from benchmarks.flops import fit
+    rng = np.random.default_rng(0)
+    x = rng.uniform(10, 400, 6)
+    y = 0.3 * x * (1 + 0.05 * rng.standard_normal(6))
+    f = fit([{"calibrated_gflops": a, "images_per_s": b} for a, b in zip(x, y)])
+    slope = np.linalg.lstsq(x[:, None], y, rcond=None)[0][0]
+    assert math.isclose(f["slope_images_per_gflop"], slope, rel_tol=1e-12)
+    r2 = 1 - np.sum((y - slope * x) ** 2) / np.sum((y - y.mean()) ** 2)
+    assert math.isclose(f["r2"], r2, rel_tol=1e-12)
+    assert fit([{"calibrated_gflops": 1.0, "images_per_s": 1.0}]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.opencl
+def test_flops_tiny_configs(tmp_path, opencl_name):
+    from benchmarks import flops
+    layer = dict(hw=6, channels=8, filters=8, kernel=3, pad=1)
+    configs = flops.configurations(1, opencl_name, sub_device=False)
+    assert list(configs) == ["tf 1T", "opencl 1T"]
+    results = {}
+    for name, spec in configs.items():
+        results[name] = dict(spec, **flops.spawn(dict(spec, batch=2, repeats=1, layer=layer)))
+        r = results[name]
+        assert _finite_positive(r["calibrated_gflops"]) and _finite_positive(r["step_s"])
+        flop = 3 * 2.0 * 2 * 6 * 6 * 9 * 8 * 8
+        assert math.isclose(r["achieved_gflops"], flop / r["step_s"] / 1e9, rel_tol=1e-9)
+    data = {"batch": 2, "cores": 1, "layer": layer, "configs": results,
+            "fit": flops.fit(list(results.values())), "fit_tf": None, "fit_opencl": None}
+    flops.plot(data, tmp_path / "flops.png")
+    assert "R^2" in flops.markdown(data, "test")
+
+
+# ------------------------------------------------------------------------------ suite, CLI
+
+def test_summary_and_page(tmp_path):
+    from benchmarks import __main__ as suite
+    (tmp_path / "batching.json").write_text(json.dumps(
+        {"speedup_p_cores_vs_caffe": {"iteration": 1.25}, "cores": 2, "batch": 32}))
+    (tmp_path / "batching.png").write_bytes(b"png")
+    (tmp_path / "flops.json").write_text(json.dumps(
+        {"fit": {"slope_images_per_gflop": 0.5, "r2": 0.97, "max_rel_deviation": 0.1}}))
+    table, data = suite.summary(tmp_path, {"batching": "ok", "hybrid": "exit code 1"})
+    assert "1.25x" in data["batching"]["keras_cct"]
+    assert data["batching"]["cct"].startswith("4.5x")
+    assert data["hybrid"]["keras_cct"].startswith("failed")
+    assert data["lowering"]["keras_cct"] == "not run"
+    assert data["flops"]["keras_cct"].startswith("(not run this time")
+    assert "[plot](batching.png)" in table
+    page = tmp_path / "page.md"
+    page.write_text(f"# B\n\nbefore\n{suite.BEGIN}\nold\n{suite.END}\nafter\n")
+    assert suite.update_page(page, table, "cmd", "now")
+    text = page.read_text()
+    assert "old" not in text and "before" in text and "after" in text
+    assert "[plot](benchmarks/batching.png)" in text
+    assert not suite.update_page(tmp_path / "absent.md", table, "cmd", "now")
+
+
+def test_suite_rejects_unknown_part():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--parts", "nope"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown part" in proc.stderr
+
+
+def test_cct_bench_locates_checkout_or_explains(tmp_path):
+    from keras_cct.benchmarks_cli import BenchmarksNotFoundError, benchmarks_root
+    assert benchmarks_root() == ROOT
+    (tmp_path / "keras_cct").mkdir()
+    with pytest.raises(BenchmarksNotFoundError, match="source checkout"):
+        benchmarks_root(tmp_path / "keras_cct")
+
+
+def test_cct_bench_cli_runs_suite(tmp_path):
+    """``cct bench`` passes its options to ``python -m benchmarks`` (here a rejected part)."""
+    from keras_cct.cli import main
+    assert main(["bench", "--out", str(tmp_path), "--parts", "nope"]) == 2
