@@ -8,7 +8,7 @@ Caffe type             Keras layer         blobs -> variables
 =====================  ==================  ===================================================
 Convolution            HybridConv2D        (O, I/g, kh, kw) -> kernel (kh, kw, I/g, O); bias
 Deconvolution          CaffeDeconvolution  (I, O/g, kh, kw) -> kernel (kh, kw, O/g, I); bias
-InnerProduct           CaffeInnerProduct   (O, K) (or (K, O) if transpose) -> kernel (K, O)
+InnerProduct           CaffeInnerProduct   (O, K) -> kernel (O, K) (a transpose blob (K, O) too)
 PReLU                  CaffePReLU          (C,) or (1,) -> alpha
 BatchNorm              CaffeBatchNorm      mean (C,), variance (C,), scale factor (1,)
 Scale / Bias           CaffeScale / Bias   as is (Caffe shapes)
@@ -172,7 +172,7 @@ def expected_blob_shapes(layer, *, transpose: bool = False) -> List[Tuple[int, .
         kh, kw, og, ci = shapes[0]
         return [(ci, og, kh, kw)] + shapes[1:]
     if t == "InnerProduct":
-        k, o = shapes[0]
+        o, k = shapes[0]
         return [(k, o) if transpose else (o, k)] + shapes[1:]
     return shapes
 
@@ -186,9 +186,9 @@ def layer_blobs_to_keras(layer, arrays: Sequence[np.ndarray], *, transpose: bool
     arrays = [np.asarray(a, np.float32).reshape(s) for a, s in zip(arrays, exp)]
     if t in ("Convolution", "Deconvolution"):
         arrays[0] = np.transpose(arrays[0], (2, 3, 1, 0))
-    elif t == "InnerProduct" and not transpose:
-        arrays[0] = arrays[0].T
-    return [np.ascontiguousarray(a) for a in arrays]
+    elif t == "InnerProduct" and transpose:
+        arrays[0] = np.ascontiguousarray(arrays[0].T)
+    return arrays  # (transposed views: the backend copies them once, into the variables)
 
 
 def keras_layer_to_blobs(layer) -> List[np.ndarray]:
@@ -197,8 +197,6 @@ def keras_layer_to_blobs(layer) -> List[np.ndarray]:
     arrays = [np.asarray(w, np.float32) for w in layer.get_weights()]
     if t in ("Convolution", "Deconvolution"):
         arrays[0] = np.transpose(arrays[0], (3, 2, 0, 1))
-    elif t == "InnerProduct":
-        arrays[0] = arrays[0].T
     return arrays
 
 
@@ -299,25 +297,43 @@ def load_weights(model_or_net, caffemodel, strict: bool = True, *,
     return [layer.name for layer, _ in plan]
 
 
-def save_weights(model_or_net, path: PathLike, *, name: Optional[str] = None) -> int:
+def save_weights(model_or_net, path: PathLike, *, name: Optional[str] = None,
+                 net_param=None) -> int:
     """Write the model's weighted layers as a .caffemodel (binary ``NetParameter``).
 
     Each layer is written with its Caffe name, type and blobs (Caffe shapes and layouts); Caffe
     and OpenCV match them by name with the .prototxt the model was imported from. The file is
     written atomically (temporary file, then rename).
 
+    Args:
+        model_or_net: a ``keras.Model`` or a ``CaffeNet`` (whose Caffe names and definition
+            are then used).
+        path: the .caffemodel to write.
+        name: the net name stored in the file (default: the model's name).
+        net_param: the net definition, for InnerProduct layers with ``transpose: true``
+            (default: the CaffeNet's).
+
     Returns:
         The number of layers written.
     """
     model = _model_of(model_or_net)
+    names = dict(getattr(model_or_net, "caffe_names", {}) or {})
+    net_param = net_param if net_param is not None else getattr(model_or_net, "net_param", None)
+    transposed = set()
+    if net_param is not None:
+        transposed = {keras_name(lp.name) for lp in net_param.layer
+                      if lp.type == "InnerProduct" and lp.inner_product_param.transpose}
     net = proto.NetParameter(name=name or model.name)
     count = 0
     for layer in model.layers:
         t = caffe_type_of(layer)
         if t is None:
             continue
-        lp = net.layer.add(name=caffe_name(layer.name), type=t)
-        for arr in keras_layer_to_blobs(layer):
+        lp = net.layer.add(name=names.get(layer.name, caffe_name(layer.name)), type=t)
+        arrays = keras_layer_to_blobs(layer)
+        if layer.name in transposed:
+            arrays[0] = arrays[0].T
+        for arr in arrays:
             lp.blobs.add().CopyFrom(_blob_from_array(arr))
         count += 1
     _atomic_write(str(path), net.SerializeToString())

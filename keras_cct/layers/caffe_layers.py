@@ -484,8 +484,9 @@ class CaffeInnerProduct(keras.layers.Layer):
     """Caffe's InnerProduct: flattens Caffe axes ``[axis, end)`` in Caffe's (C-major) order,
     then ``y = x W^T + b``.
 
-    Variables: ``kernel`` of shape ``(K, num_output)`` (``W^T``; Caffe's blob is
-    ``(num_output, K)``, or ``(K, num_output)`` with ``transpose: true``) and ``bias``.
+    Variables: ``kernel`` of shape ``(num_output, K)``, exactly Caffe's weight blob (so that
+    importing a 240 MB caffemodel needs no transposition; a ``transpose: true`` blob is
+    transposed once at import) and ``bias``.
     """
 
     def __init__(self, num_output: int, axis: int = 1, bias_term: bool = True,
@@ -515,7 +516,7 @@ class CaffeInnerProduct(keras.layers.Layer):
 
     def build(self, input_shape):
         _, _, k = self._split(input_shape)
-        self.kernel = self.add_weight(name="kernel", shape=(k, self.num_output),
+        self.kernel = self.add_weight(name="kernel", shape=(self.num_output, k),
                                       initializer=self.kernel_initializer)
         if self.bias_term:
             self.bias = self.add_weight(name="bias", shape=(self.num_output,),
@@ -530,7 +531,7 @@ class CaffeInnerProduct(keras.layers.Layer):
         xc = to_caffe_layout(x)
         if len(x.shape) != a + 1 or len(x.shape) > 2:
             xc = ops.reshape(xc, [-1] + [int(d) for d in cshape[1:a]] + [k])
-        y = ops.matmul(xc, self.kernel)
+        y = ops.einsum("...k,ok->...o", xc, self.kernel)
         if self.bias_term:
             y = y + self.bias
         return from_caffe_layout(y)

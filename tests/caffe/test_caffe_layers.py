@@ -142,13 +142,13 @@ def test_inner_product_flattens_in_caffe_order_and_axis():
     w, b = RNG.standard_normal((6, 60)), RNG.standard_normal(6)
     layer = cl.CaffeInnerProduct(6)
     layer.build((None, 4, 5, 3))
-    layer.set_weights([w.T.astype("f"), b.astype("f")])
+    layer.set_weights([w.astype("f"), b.astype("f")])
     assert rel_err(_run(layer, x), x.reshape(2, -1) @ w.T + b) < 1e-5
     # axis 2: (N, C, H*W) -> (N, C, 6)
     w2 = RNG.standard_normal((6, 20))
     layer = cl.CaffeInnerProduct(6, axis=2, bias_term=False)
     layer.build((None, 4, 5, 3))
-    layer.set_weights([w2.T.astype("f")])
+    layer.set_weights([w2.astype("f")])
     assert rel_err(_run(layer, x), x.reshape(2, 3, 20) @ w2.T) < 1e-5
 
 

@@ -167,7 +167,7 @@ def test_missing_weights_error_or_warning(tmp_path):
         load_net(path, weights)
     with pytest.warns(UserWarning, match="fc2"):
         model = load_net(path, weights, strict=False)
-    assert model.get_layer("fc").get_weights()[0].shape == (27, 4)
+    assert model.get_layer("fc").get_weights()[0].shape == (4, 27)
 
 
 def test_failed_load_leaves_model_unchanged(tmp_path):

@@ -74,7 +74,7 @@ def test_real_lenet_weights_are_the_trained_ones():
     np.testing.assert_array_equal(model.get_layer("conv2").get_weights()[0],
                                   np.transpose(w, (2, 3, 1, 0)))
     ip = blob_array(cm["ip1"].blobs[0])                        # (500, 800)
-    np.testing.assert_array_equal(model.get_layer("ip1").get_weights()[0], ip.T)
+    np.testing.assert_array_equal(model.get_layer("ip1").get_weights()[0], ip)
     assert model.output_names == ["prob"] and model.layers[0].name == "data"
     assert type(model.get_layer("conv1")).__name__ == "HybridConv2D"
 
@@ -178,3 +178,28 @@ def test_lrn_with_k_against_caffe_formula():
         scale = k + alpha / n * np.sum(x[:, lo:hi] ** 2, axis=1)
         ref[:, c] = x[:, c] * scale ** -beta
     assert rel_err(y, ref) < 1e-5
+
+
+def test_inner_product_transpose_blob_round_trips_through_opencv(tmp_path):
+    """``transpose: true`` stores the InnerProduct weight as (K, O) and computes ``x @ W``
+    (Caffe's gemm with CblasNoTrans); save_weights writes it so. OpenCV 4 ignores the flag, so
+    the reference is Caffe's formula in numpy."""
+    prototxt = tmp_path / "t.prototxt"
+    prototxt.write_text('name: "t" input: "data" input_shape { dim: 2 dim: 3 dim: 2 dim: 2 }\n'
+                        'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc"\n'
+                        '  inner_product_param { num_output: 5 transpose: true } }\n')
+    net = import_net(prototxt)
+    randomize(net.model)
+    weights = tmp_path / "t.caffemodel"
+    save_weights(net, weights)
+    from keras_cct.caffe import read_caffemodel
+    assert tuple(read_caffemodel(weights).layer[0].blobs[0].shape.dim) == (12, 5)
+    again = import_net(prototxt, weights)
+    np.testing.assert_array_equal(again.model.get_layer("fc").get_weights()[0],
+                                  net.model.get_layer("fc").get_weights()[0])
+    from keras_cct.caffe.weights import blob_array
+    blob = blob_array(read_caffemodel(weights).layer[0].blobs[0]).astype(np.float64)
+    bias = blob_array(read_caffemodel(weights).layer[0].blobs[1]).astype(np.float64)
+    x = np.random.default_rng(0).standard_normal((2, 3, 2, 2)).astype(np.float32)
+    y = keras.ops.convert_to_numpy(again.model(from_caffe_layout(x)))
+    assert rel_err(y, x.reshape(2, 12).astype(np.float64) @ blob + bias) < 1e-5
