@@ -218,3 +218,25 @@ def test_hdf5_data_layer(tmp_path):
         data_source(layer('name: "h" type: "HDF5Data" top: "data" top: "target" '
                           'hdf5_data_param { source: "files.txt" batch_size: 3 }'),
                     base_dirs=[tmp_path])
+
+
+def test_hdf5_bad_files(tmp_path):
+    with pytest.raises(DataError, match=r"nolist.txt.*cannot read the HDF5 file list"):
+        data_source(layer('name: "h" type: "HDF5Data" top: "data" '
+                          'hdf5_data_param { source: "nolist.txt" batch_size: 1 }'),
+                    base_dirs=[tmp_path])
+    (tmp_path / "broken.h5").write_bytes(b"this is not an HDF5 file")
+    (tmp_path / "files.txt").write_text("broken.h5\n")
+    with pytest.raises(DataError, match=r"broken.h5.*layer 'h'.*cannot read the HDF5 file"):
+        data_source(layer('name: "h" type: "HDF5Data" top: "data" '
+                          'hdf5_data_param { source: "files.txt" batch_size: 1 }'),
+                    base_dirs=[tmp_path])
+
+
+def test_image_that_does_not_decode(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"\x89PNG but truncated")
+    (tmp_path / "list.txt").write_text("a.png 3\n")
+    with pytest.raises(DataError, match=r"list.txt:1.*does not decode.*a.png"):
+        data_source(layer(f'name: "img" type: "ImageData" top: "data" top: "label" '
+                          f'image_data_param {{ source: "list.txt" batch_size: 1 '
+                          f'root_folder: "{tmp_path}/" }}'), base_dirs=[tmp_path])

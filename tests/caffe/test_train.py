@@ -242,39 +242,37 @@ def test_snapshot_from_another_net_is_refused(tmp_path):
         s.restore(str(tmp_path / "trunc.solverstate"))
 
 
-def test_cct_data_train_test_time_cli(tmp_path):
-    """`cct data` from arrays, then `cct train` in a subprocess, then `cct test`/`cct time`."""
+def test_cct_data_train_test_time_cli(tmp_path, capsys):
+    """`cct data` from arrays, `cct train` end to end in a subprocess, `cct test`/`cct time`."""
+    from keras_cct.cli import main
     rng = np.random.default_rng(2)
     np.savez(tmp_path / "arr.npz", images=rng.integers(0, 256, size=(13, 8, 8, 1),
                                                          dtype=np.uint8),
              labels=rng.integers(0, 3, size=13))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    cmd = [sys.executable, "-m", "keras_cct.cli"]
-    r = subprocess.run(cmd + ["data", str(tmp_path / "arr.npz"), str(tmp_path / "train_lmdb"),
-                              "--mean", str(tmp_path / "mean.binaryproto")],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "Processed 13 files." in r.stdout
+    assert main(["data", str(tmp_path / "arr.npz"), str(tmp_path / "train_lmdb"),
+                 "--mean", str(tmp_path / "mean.binaryproto")]) == 0
+    assert "Processed 13 files." in capsys.readouterr().out
+    from keras_cct.caffe.prototxt import read_binaryproto
+    mean = blob_to_array(read_binaryproto(tmp_path / "mean.binaryproto"))
+    np.testing.assert_allclose(mean[0, 0], np.load(tmp_path / "arr.npz")["images"]
+                               .mean(axis=0)[:, :, 0], rtol=1e-6)
     solver = _conv_setup(tmp_path, max_iter=4, snapshot=0)
-    r = subprocess.run(cmd + ["train", "--solver", solver], capture_output=True, text=True,
-                       env=env, cwd=tmp_path, timeout=300)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run([sys.executable, "-m", "keras_cct.cli", "train", "--solver", solver],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "Iteration 0, loss = " in out and "Iteration 2, lr = " in out
     assert "Iteration 4, Testing net (#0)" in out and "Optimization Done." in out
     assert "images/s" in out and (tmp_path / "run_iter_4.solverstate").exists()
-    from keras_cct.cli import main
-    import contextlib
-    import io
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(["test", "--model", str(tmp_path / "net.prototxt"), "--weights",
-                     str(tmp_path / "run_iter_4.caffemodel"), "--iterations", "2"]) == 0
-        assert main(["time", "--model", str(tmp_path / "net.prototxt"), "--iterations",
-                     "2"]) == 0
-    text = buf.getvalue()
+    assert main(["test", "--model", str(tmp_path / "net.prototxt"), "--weights",
+                 str(tmp_path / "run_iter_4.caffemodel"), "--iterations", "2"]) == 0
+    assert main(["time", "--model", str(tmp_path / "net.prototxt"), "--iterations",
+                 "2"]) == 0
+    text = capsys.readouterr().out
     assert "Batch 1, accuracy = " in text and "\naccuracy = " in text
     assert "conv1\tforward:" in text and "[lowering: " in text and "conv1\tbackward:" in text
-    r = subprocess.run(cmd + ["train", "--solver", str(tmp_path / "nope.prototxt")],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
-    assert r.returncode == 1 and "nope.prototxt" in r.stderr and "not found" in r.stderr
+    assert "images/s" in text
+    assert main(["train", "--solver", str(tmp_path / "nope.prototxt")]) == 1
+    err = capsys.readouterr().err
+    assert "nope.prototxt" in err and "not found" in err

@@ -12,6 +12,10 @@ from tests.conftest import ROOT
 
 @pytest.mark.slow
 def test_lenet_digits_demo_short(tmp_path, capsys):
+    import keras
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("ci/demo runs the demo on the TensorFlow backend; the training code on "
+                    "the other backends is covered by tests/caffe/test_train.py")
     spec = importlib.util.spec_from_file_location("demo", ROOT / "examples" /
                                                   "train_lenet_digits.py")
     demo = importlib.util.module_from_spec(spec)
