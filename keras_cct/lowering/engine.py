@@ -185,10 +185,12 @@ def _kernel_from_matrix(m, permuted_shape, mode):
     return ops.transpose(k, inverse)
 
 
-def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str):
+def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
+                   custom_gradient: bool = True):
     """Convolution of channels-last ``x`` with ``kernel`` (kh, kw, d/groups, o) by ``lowering``.
 
-    No bias: callers add it. Differentiable on every backend, with the gradient written out.
+    No bias: callers add it. Differentiable on every backend, with the gradient written out
+    (``custom_gradient=False`` leaves it to autodiff, for comparison in the benchmarks).
     """
     mode = MODES[lowering]
     axes = _axes(geo)
@@ -232,6 +234,9 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str):
             dxp = dxp[:, pt:pt + geo.in_h, pl:pl + geo.in_w, :]
         dk = ops.concatenate(dks, axis=-1) if groups > 1 else dks[0]
         return dxp, dk
+
+    if not custom_gradient:
+        return forward(x, kernel)[0]
 
     @ops.custom_gradient
     def conv(x, kernel):

@@ -157,9 +157,32 @@ def _write_cache(entries: Dict[str, dict]) -> None:
                       stacklevel=3)
 
 
+def memory_budget_bytes() -> int:
+    """Bytes of temporaries a lowering may need before it is not even tried: a quarter of the
+    physical memory (``$KERAS_CCT_MEMORY_BUDGET`` overrides)."""
+    env = os.environ.get("KERAS_CCT_MEMORY_BUDGET")
+    if env:
+        return int(float(env))
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def fits_in_memory(geo: ConvGeometry, lowering: str, batch: int, dtype_bytes: int = 4) -> bool:
+    """Whether ``lowering``'s temporaries for a forward+backward pass (about twice the forward
+    peak: the lowered matrix is kept for the kernel gradient) fit :func:`memory_budget_bytes`."""
+    if lowering not in LOWERED_TYPES:
+        return True
+    need = 2 * cost(geo, lowering, batch=batch, dtype_bytes=dtype_bytes).temp_bytes
+    return need <= memory_budget_bytes()
+
+
 def _measured_choice(geo: ConvGeometry, cands, dtype: str, training: bool,
                      batch: Optional[int]) -> str:
     b = batch or geo.batch or 32
+    fitting = tuple(c for c in cands if fits_in_memory(geo, c, b))
+    cands = fitting or cands
     key = _cache_key(geo, cands, dtype, training, b)
     entries = _read_cache()
     hit = entries.get(key)

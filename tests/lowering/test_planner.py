@@ -87,3 +87,13 @@ def test_corrupt_or_stale_cache_is_ignored(cache_dir, monkeypatch):
 def test_real_measurement_returns_a_working_lowering(cache_dir):
     best = choose((2, 8, 8, 4), (3, 3, 4, 4), padding=1, mode="measure")
     assert best in ("type1", "type2", "type3", "native")
+
+
+def test_measure_mode_skips_lowerings_that_cannot_fit(cache_dir, monkeypatch):
+    timed = []
+    monkeypatch.setattr(planner, "time_lowering",
+                        lambda geo, low, **kw: timed.append(low) or 1.0)
+    monkeypatch.setenv("KERAS_CCT_MEMORY_BUDGET", str(200 << 20))
+    # CaffeNet conv1 at batch 32: Type 3's lifted matrix alone is 32*227*227*121*96*4 bytes.
+    choose((32, 227, 227, 3), (11, 11, 3, 96), strides=4, mode="measure")
+    assert "type3" not in timed and "native" in timed
