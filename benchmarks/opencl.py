@@ -194,7 +194,8 @@ def bench_crossing(device, rounds, results):
     fns = {"ping": lambda: client.request("ping"),
            "tiny_conv": lambda: conv2d_forward(device, x, k),
            "tiny_conv_tf_function": lambda: op().numpy(),
-           "conv_9MiB_in_out": lambda: conv2d_forward(device, big, kb)}
+           # 9 MiB in and 9 MiB out, a 1x1 4->4 convolution: mostly the copies
+           "conv1x1_9MiB_in_out": lambda: conv2d_forward(device, big, kb)}
     t = interleaved(fns, rounds, 20)
     results["crossing_ms"] = {k_: 1e3 * v for k_, v in t.items()}
     print("crossing (ms): " + ", ".join(f"{k_} {1e3 * v:.3f}" for k_, v in t.items()), flush=True)
@@ -263,7 +264,8 @@ def main(argv=None) -> int:
     else:
         desc = device
     results = {"device": f"{device}: {desc}",
-               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+                          f"load average {os.getloadavg()[0]:.1f} at start",
                "command": "python benchmarks/opencl.py " + " ".join(argv or sys.argv[1:])}
     skip = set(filter(None, args.skip.split(",")))
     if "sgemm" not in skip:
@@ -272,6 +274,7 @@ def main(argv=None) -> int:
         bench_crossing(device, args.rounds, results)
     if "conv" not in skip:
         bench_conv(device, args.batch, args.layers.split(","), args.rounds, args.reps, results)
+    results["machine"] += f", {os.getloadavg()[0]:.1f} at end"
     write(results, Path(args.out))
     print(f"wrote {args.out}/opencl.json and opencl.md")
     return 0
