@@ -237,16 +237,28 @@ def _caffe_params(model) -> List[Tuple[object, List]]:
     return out
 
 
-def _to_caffe_layout(layer, arrays: List[np.ndarray]) -> List[np.ndarray]:
-    """Keras-layout arrays of a layer's variables -> Caffe blob layout (as save_weights)."""
-    from keras_cct.caffe.weights import caffe_type_of
-    t = caffe_type_of(layer)
-    arrays = [np.asarray(a, np.float32) for a in arrays]
-    if t in ("Convolution", "Deconvolution"):
-        arrays[0] = np.transpose(arrays[0], (3, 2, 0, 1))
-    elif t == "InnerProduct":
-        arrays[0] = arrays[0].T
-    return arrays
+def _to_caffe_layout(layer, arrays: List[np.ndarray], *, transpose: bool = False
+                     ) -> List[np.ndarray]:
+    """Keras-layout arrays of a layer's variables -> Caffe blob arrays: the exact inverse of
+    the importer's ``layer_blobs_to_keras`` (a permutation of elements), found by passing
+    element indices through it, so that snapshots and restores can never disagree."""
+    from keras_cct.caffe.weights import expected_blob_shapes, layer_blobs_to_keras
+    shapes = expected_blob_shapes(layer, transpose=transpose)
+    sizes = [int(np.prod(e)) for e in shapes]
+    # indices split in two float32-exact halves (the converter works in float32)
+    hi = [(np.arange(n, dtype=np.int64) // 4096).astype(np.float32).reshape(e)
+          for n, e in zip(sizes, shapes)]
+    lo = [(np.arange(n, dtype=np.int64) % 4096).astype(np.float32).reshape(e)
+          for n, e in zip(sizes, shapes)]
+    khi = layer_blobs_to_keras(layer, hi, transpose=transpose)
+    klo = layer_blobs_to_keras(layer, lo, transpose=transpose)
+    out = []
+    for arr, h, l, n, e in zip(arrays, khi, klo, sizes, shapes):
+        idx = np.asarray(h, np.int64).ravel() * 4096 + np.asarray(l, np.int64).ravel()
+        flat = np.empty(n, np.float32)
+        flat[idx] = np.asarray(arr, np.float32).ravel()
+        out.append(flat.reshape(e))
+    return out
 
 
 def run_test(model: CaffeTrainModel, sources: Sequence[DataSource], iterations: int, *,
@@ -427,6 +439,14 @@ class Solver:
                     dst.assign(keras.ops.convert_to_numpy(s.value))
 
     # -- history <-> Caffe blobs -------------------------------------------------------------
+    def _transpose_of(self, layer) -> bool:
+        """Whether an InnerProduct layer stores its blob transposed (``transpose: true``)."""
+        from keras_cct.caffe.weights import keras_name
+        for lp in self.train_param.layer:
+            if keras_name(lp.name) == layer.name and lp.type == "InnerProduct":
+                return bool(lp.inner_product_param.transpose)
+        return False
+
     def _slot_of(self) -> Dict[int, int]:
         return {id(v): i for i, v in enumerate(self.train_model.trainable_variables)}
 
@@ -444,7 +464,8 @@ class Solver:
                     i = slots.get(id(v))
                     arrays.append(np.zeros(v.shape, np.float32) if i is None else
                                   keras.ops.convert_to_numpy(hist[i]))
-                out.extend(_to_caffe_layout(layer, arrays))
+                out.extend(_to_caffe_layout(layer, arrays,
+                                            transpose=self._transpose_of(layer)))
         return out
 
     def set_history_blobs(self, blobs: Sequence[np.ndarray], *, path: Optional[str] = None
@@ -466,7 +487,8 @@ class Solver:
         for s in range(sets):
             hist = self.optimizer.history if s == 0 else self.optimizer.update_history
             for layer, variables in params:
-                exp = expected_blob_shapes(layer)
+                tr = self._transpose_of(layer)
+                exp = expected_blob_shapes(layer, transpose=tr)
                 got = []
                 for j, e in enumerate(exp):
                     arr = np.asarray(blobs[k + j], np.float32)
@@ -478,7 +500,7 @@ class Solver:
                             hint="the snapshot was written by a different net")
                     got.append(arr.reshape(e))
                 k += len(exp)
-                for v, value in zip(variables, layer_blobs_to_keras(layer, got)):
+                for v, value in zip(variables, layer_blobs_to_keras(layer, got, transpose=tr)):
                     i = slots.get(id(v))
                     if i is not None:
                         plan.append((hist[i], value))

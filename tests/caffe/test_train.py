@@ -73,8 +73,10 @@ def test_solver_file_matches_numpy_caffe(tmp_path, solver_type, extra):
         snapshot_prefix: "{tmp_path}/snap" random_seed: 3""")
     x, t = _ip_arrays()
     s = load_solver(solver, arrays={"data": x, "target": t}, log=lambda line: None)
-    w0, b0 = (np.asarray(v) for v in s.train_net.model.get_layer("ip").get_weights())
-    ref = NumpyCaffeSolver([w0.T, b0], solver_type, weight_decay=0.01, lr_mults=[1.0, 2.0],
+    from keras_cct.caffe.weights import keras_layer_to_blobs  # the importer's Caffe layout
+    w0, b0 = keras_layer_to_blobs(s.train_net.model.get_layer("ip"))  # (3, 4), (3,)
+    assert w0.shape == (3, 4)
+    ref = NumpyCaffeSolver([w0, b0], solver_type, weight_decay=0.01, lr_mults=[1.0, 2.0],
                            decay_mults=[1.0, 0.0], **({"momentum": 0.9} if solver_type == "SGD"
                                                       else {"momentum": 0.95, "delta": 1e-6}))
     s.solve()
@@ -186,19 +188,23 @@ def test_cifar10_quick_solverstate_resumes():
     k = s.train_net.model.get_layer("conv1").get_weights()[0]
     np.testing.assert_array_equal(k.transpose(3, 2, 0, 1),
                                   blob_to_array(conv1.blobs[0]).reshape(32, 3, 5, 5))
-    w_before = [np.asarray(v) for v in s.train_net.model.get_layer("ip2").get_weights()]
+    from keras_cct.caffe.weights import keras_layer_to_blobs  # the importer's Caffe layout
+
+    def ip2_blobs(solver):
+        return keras_layer_to_blobs(solver.train_net.model.get_layer("ip2"))
+    w_before = ip2_blobs(s)
     s.param.test_interval = 0
     s.param.snapshot = 0
     s.step(1)
-    w_resumed = [np.asarray(v) for v in s.train_net.model.get_layer("ip2").get_weights()]
+    w_resumed = ip2_blobs(s)
     s2 = load_solver(solver, arrays=arrays, test_arrays=arrays, log=lambda line: None)
     s2.param.test_interval = 0
     s2.param.snapshot = 0
     s2.load_weights(str(folder / "cifar10_quick_iter_5000.caffemodel"))
     s2.iter = 5000
     s2.step(1)
-    w_fresh = [np.asarray(v) for v in s2.train_net.model.get_layer("ip2").get_weights()]
-    h_ip2 = [raw[8].reshape(10, 64).T, raw[9].reshape(10)]
+    w_fresh = ip2_blobs(s2)
+    h_ip2 = [raw[8].reshape(10, 64), raw[9].reshape(10)]
     for a, b, h, w0 in zip(w_resumed, w_fresh, h_ip2, w_before):
         assert np.abs(h).max() > 0
         np.testing.assert_allclose(a - b, -0.9 * h, atol=1e-6 + 1e-4 * np.abs(h).max())
