@@ -117,14 +117,15 @@ def configure(workers: Union[str, Sequence[str], None] = None,
 
     Call it at the very start of each worker process, before any other TensorFlow operation
     (TensorFlow configures its collective runtime once per process). Every worker must call it;
-    it returns once all workers are up.
+    TensorFlow's coordination service then waits for the other workers to come up.
 
     Args:
         workers: every worker's ``host:port`` (a list or ``"h:p,h:p"``), the same on all
             workers. None: keep the ``TF_CONFIG`` already in the environment.
         worker_index: this worker's position in ``workers``.
         timeout_seconds: abort a collective (and so the step) that has not completed after
-            this long, e.g. because a peer died; None waits (TensorFlow's default).
+            this long; None: TensorFlow's default (no collective timeout; a dead peer is still
+            detected by the coordination service's heartbeats, see docs/multiworker.md).
         patch: install :func:`patch_keras` (needed for ``model.fit`` with Keras 3).
 
     Raises:

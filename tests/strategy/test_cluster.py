@@ -358,6 +358,21 @@ def test_bad_cluster_descriptions(call, message):
         call(cluster)
 
 
+def test_configure_refuses_a_missing_or_bad_cluster(monkeypatch):
+    import keras
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("MultiWorkerMirroredStrategy is TensorFlow's")
+    from keras_cct.strategy import cluster
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(cluster.ClusterError, match="no cluster given"):
+        cluster.configure()
+    with pytest.raises(cluster.ClusterError, match="`worker_index` is required"):
+        cluster.configure(["127.0.0.1:1", "127.0.0.1:2"])
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["a:1"]}}')
+    with pytest.raises(cluster.ClusterError, match="TF_CONFIG is not a worker cluster"):
+        cluster.configure()
+
+
 def test_tf_config_is_the_cluster_description():
     from keras_cct.strategy import cluster
     assert cluster.tf_config(["10.0.0.1:2222", "[::1]:2223"], 1) == {
