@@ -196,3 +196,12 @@ def test_two_workers_run_at_the_same_time(opencl_device):
     finally:
         a.stop()
         b.stop()
+
+
+def test_parent_process_never_loads_pyopencl(opencl_device):
+    """Only workers load OpenCL: this (TensorFlow-importing) process must not."""
+    import sys
+    from keras_cct.devices import list_devices
+    _check_conv(opencl_device)
+    list_devices(calibrate=False)
+    assert not any(m == "pyopencl" or m.startswith("pyopencl.") for m in sys.modules)
