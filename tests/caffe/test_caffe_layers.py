@@ -152,9 +152,12 @@ def test_inner_product_flattens_in_caffe_order_and_axis():
     assert rel_err(_run(layer, x), x.reshape(2, 3, 20) @ w2.T) < 1e-5
 
 
-def test_deconvolution_is_the_scatter_of_caffe():
-    """Caffe's deconvolution, written as a scatter: y[o, i*s - p + a*d, ...] += x[c] w[c, o]."""
-    n, c, h, w, o, g, k, s, p, d = 2, 4, 3, 4, 6, 2, 3, 2, 1, 2
+@pytest.mark.parametrize("o,g,k,s,p,d", [(6, 2, 3, 2, 1, 2), (3, 1, 2, 3, 0, 1),
+                                         (4, 4, 4, 2, 1, 1)])
+def test_deconvolution_is_the_scatter_of_caffe(o, g, k, s, p, d):
+    """Caffe's deconvolution, written as a scatter: y[o, i*s - p + a*d, ...] += x[c] w[c, o]
+    (cases: grouped + dilated, kernel smaller than the stride, depthwise upsampling)."""
+    n, c, h, w = 2, 4, 3, 4
     x = RNG.standard_normal((n, c, h, w))
     wt = RNG.standard_normal((c, o // g, k, k))
     oh, ow = s * (h - 1) + d * (k - 1) + 1 - 2 * p, s * (w - 1) + d * (k - 1) + 1 - 2 * p
