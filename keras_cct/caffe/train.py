@@ -325,7 +325,7 @@ class Solver:
         self.config = config
         self.param = p = config.param
         self.path = config.path
-        self.log = log or (lambda s: print(s, flush=True))
+        self.log = log or self._print
         self.progress = progress
         self.iter = 0
         if p.random_seed >= 0:
@@ -351,9 +351,14 @@ class Solver:
         # TEST nets
         self.test_params, self.test_sources, self.test_nets = [], [], []
         n_tests = len(p.test_iter)
+        separate = self._separate_test_nets()
+        if separate and len(separate) != n_tests:
+            raise CaffeFormatError(f"the solver has {len(separate)} test nets but "
+                                   f"{n_tests} test_iter values", path=self.path,
+                                   hint="give one test_iter per test_net")
         for i in range(n_tests):
             stages = list(p.test_state[i].stage) if i < len(p.test_state) else []
-            tp = self._filter(self.net_param, "TEST", stages)
+            tp = self._filter(separate[i] if separate else self.net_param, "TEST", stages)
             srcs = net_data_sources(tp, phase="TEST", base_dirs=config.base_dirs,
                                     seed=self._seed, arrays=test_arrays)
             tnet = self._build_net(tp, "TEST", stages, srcs)
@@ -378,6 +383,15 @@ class Solver:
         self.train_seconds = 0.0
         self.last_test: Optional[Tuple[int, int, Dict[str, float]]] = None
 
+    def _print(self, line: str) -> None:
+        """Default log: stdout, written around the progress bar when one is shown."""
+        if self.progress:
+            from tqdm import tqdm
+            tqdm.write(line, file=sys.stdout)
+            sys.stdout.flush()
+        else:
+            print(line, flush=True)
+
     # -- construction helpers -----------------------------------------------------------------
     def _read_net_param(self):
         from keras_cct.caffe.prototxt import read_net, upgrade_net
@@ -388,6 +402,25 @@ class Solver:
         net.CopyFrom(p.net_param if p.HasField("net_param") else p.train_net_param)
         upgrade_net(net, path=self.path or "<solver>")
         return net
+
+    def _separate_test_nets(self) -> list:
+        """The solver's ``test_net`` files / ``test_net_param`` nets (Caffe's older style),
+        upgraded; empty when the test nets come from ``net``."""
+        from keras_cct.caffe.prototxt import read_net, upgrade_net
+        p = self.param
+        nets = []
+        for name in p.test_net:
+            path = resolve_path(name, self.config.base_dirs)
+            if not os.path.exists(path):
+                raise CaffeFormatError(f"the test net file {name!r} was not found",
+                                       path=self.path, hint="fix `test_net:` in the solver")
+            nets.append(read_net(path))
+        for tnp in p.test_net_param:
+            net = proto.NetParameter()
+            net.CopyFrom(tnp)
+            upgrade_net(net, path=self.path or "<solver>")
+            nets.append(net)
+        return nets
 
     @staticmethod
     def _filter(net_param, phase: str, stages: List[str]):

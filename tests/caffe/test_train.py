@@ -282,3 +282,27 @@ def test_cct_data_train_test_time_cli(tmp_path, capsys):
     assert main(["train", "--solver", str(tmp_path / "nope.prototxt")]) == 1
     err = capsys.readouterr().err
     assert "nope.prototxt" in err and "not found" in err
+
+
+def test_train_net_and_separate_test_net(tmp_path):
+    """Caffe's older solver style: train_net + test_net files."""
+    _write(tmp_path / "net.prototxt", IP_NET)
+    x, t = _ip_arrays()
+    solver = _write(tmp_path / "s.prototxt", f"""train_net: "net.prototxt"
+        test_net: "net.prototxt" test_iter: 2 test_interval: 2 base_lr: 0.01 max_iter: 2
+        snapshot_after_train: false snapshot_prefix: "{tmp_path}/x" """)
+    lines = []
+    s = load_solver(solver, arrays={"data": x, "target": t},
+                    test_arrays={"data": x, "target": t}, log=lines.append)
+    s.solve()
+    assert "Iteration 2, Testing net (#0)" in lines
+    out = [line for line in lines if "Test net output #0: loss = " in line]
+    assert len(out) == 2  # at iteration 0 and 2
+    # the test loss is the EuclideanLoss of the current weights on the first two batches
+    from keras_cct.caffe.weights import keras_layer_to_blobs
+    W, b = keras_layer_to_blobs(s.train_net.model.get_layer("ip"))
+    want = np.mean([np.sum((x[r] @ W.T + b - t[r]) ** 2) / 8 for r in (slice(0, 4),
+                                                                       slice(4, 8))])
+    got = float(out[-1].split("loss = ")[1].split()[0])
+    assert got == pytest.approx(want, rel=1e-4)
+    assert not list(tmp_path.glob("x_iter_*"))
