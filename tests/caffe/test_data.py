@@ -240,3 +240,15 @@ def test_image_that_does_not_decode(tmp_path):
         data_source(layer(f'name: "img" type: "ImageData" top: "data" top: "label" '
                           f'image_data_param {{ source: "list.txt" batch_size: 1 '
                           f'root_folder: "{tmp_path}/" }}'), base_dirs=[tmp_path])
+
+
+def test_missing_image_list(tmp_path):
+    with pytest.raises(DataError, match=r"nolist.txt.*cannot read the image list"):
+        data_source(layer('name: "img" type: "ImageData" top: "data" top: "label" '
+                          'image_data_param { source: "nolist.txt" batch_size: 1 }'),
+                    base_dirs=[tmp_path])
+    (tmp_path / "list.txt").write_text("a.png 1\nb.png two\n")
+    with pytest.raises(DataError, match=r"list.txt:2.*expected 'path label'"):
+        data_source(layer('name: "img" type: "ImageData" top: "data" top: "label" '
+                          'image_data_param { source: "list.txt" batch_size: 1 }'),
+                    base_dirs=[tmp_path])
