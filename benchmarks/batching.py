@@ -14,6 +14,9 @@ forward and backward):
   calling one GEMM per group with the BLAS library held to **one** thread
   (``threadpoolctl``). The kernel gradients of the partitions are summed at the end.
   ``N`` goes from 1 to the core count.
+* ``caffe 1T``: the same with a one-thread BLAS (on a busy machine a multi-threaded BLAS
+  spends much of a small per-image GEMM waiting for its threads: this row tells that cost
+  apart from the cost of lowering image by image).
 * ``batch whole``: the whole batch lowered at once with a multi-threaded BLAS (no partitions),
   the naive form of batching that the issue's measurements found to fall out of cache.
 
@@ -255,10 +258,13 @@ def time_step(step, repeats: int) -> float:
     return best
 
 
-def configurations(cores: int) -> List[Tuple[str, str, int]]:
-    """(label, how, partitions) in the order they are reported."""
-    out = [("caffe", "caffe", 1), ("batch whole", "whole", 1)]
-    out += [(f"batch p={p}", "partitions", p) for p in range(1, cores + 1)]
+def configurations(cores: int) -> List[Tuple[str, str, int, int]]:
+    """(label, how, partitions, BLAS threads) in the order they are reported."""
+    out = [("caffe", "caffe", 1, cores)]
+    if cores > 1:
+        out.append(("caffe 1T", "caffe", 1, 1))
+    out.append(("batch whole", "whole", 1, cores))
+    out += [(f"batch p={p}", "partitions", p, 1) for p in range(1, cores + 1)]
     return out
 
 
@@ -270,8 +276,8 @@ def run(batch: int, repeats: int, cores: int, convs: Sequence[ConvSpec],
     results: Dict[str, Dict[str, float]] = {}
     for name, cv, fc in targets:
         results[name] = {}
-        for label, how, p in configs:
-            step = make_step(cv, fc, batch, how, p, cores)
+        for label, how, p, threads in configs:
+            step = make_step(cv, fc, batch, how, p, threads)
             seconds = time_step(step, repeats)
             if hasattr(step, "pool"):
                 step.pool.shutdown()

@@ -67,6 +67,15 @@ def feasible(geo, batch: int, budget: Optional[int] = None) -> Dict[str, Optiona
     return out
 
 
+def _finite(v) -> Optional[float]:
+    """``v`` as a float, or None for a missing / NaN / infinite time."""
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return v if np.isfinite(v) and v > 0 else None
+
+
 def layer_times(batch: int, repeats: int, out: Path, layers=CAFFENET, progress=None,
                 errors: Optional[list] = None) -> Dict[str, Dict[str, Optional[float]]]:
     """Forward+backward ms of each candidate on each layer, from ``lowering.json`` if it holds
@@ -78,8 +87,11 @@ def layer_times(batch: int, repeats: int, out: Path, layers=CAFFENET, progress=N
         try:
             data = json.loads(cached.read_text())
             if data.get("batch") == batch:
-                times = {n: {c: data["caffenet"]["layers"][n][f"{c}_fwd_bwd_ms"]
+                times = {n: {c: _finite(data["caffenet"]["layers"][n].get(f"{c}_fwd_bwd_ms"))
                              for c in CANDIDATES} for n in layers}
+                for n, t in times.items():
+                    errors.extend(f"{n} {c}: not run by benchmarks.lowering"
+                                  for c, v in t.items() if v is None)
                 if progress is not None:
                     progress.update(len(layers) * len(CANDIDATES))
                 return times

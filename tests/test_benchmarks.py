@@ -86,7 +86,7 @@ def test_batching_tiny_run(tmp_path):
     data = batching.run(batch=3, repeats=1, cores=2, convs=convs, fcs={"fc": (32, 10)},
                         progress=progress)
     assert progress.n == 3 * len(batching.configurations(2))
-    assert data["configs"] == ["caffe", "batch whole", "batch p=1", "batch p=2"]
+    assert data["configs"] == ["caffe", "caffe 1T", "batch whole", "batch p=1", "batch p=2"]
     for name in ("a", "b", "iteration"):
         assert all(_finite_positive(v) for v in data["images_per_s"][name].values())
     md = batching.markdown(data, "test")
@@ -126,6 +126,24 @@ def test_planner_tiny(tmp_path):
         assert math.isclose(r["model_regret"], t[r["model_choice"]] / min(t.values()) - 1)
     tot = planner.totals(res)
     assert tot["model_ms"] >= tot["fastest_ms"] > 0
+
+
+def test_planner_reuses_lowering_json(tmp_path):
+    """Times come from benchmarks.lowering's JSON when it holds the same batch; a lowering it
+    did not run (NaN) is missing, and the fastest is taken among the others."""
+    from benchmarks import planner
+    layer = {n: {f"{c}_fwd_bwd_ms": 10.0 + i for i, c in enumerate(planner.CANDIDATES)}
+             for n in planner.CAFFENET}
+    layer["conv1"]["type1_fwd_bwd_ms"] = float("nan")
+    (tmp_path / "lowering.json").write_text(json.dumps({"batch": 4,
+                                                        "caffenet": {"layers": layer}}))
+    errors: list = []
+    times = planner.layer_times(4, 1, tmp_path, errors=errors)
+    assert times["conv1"]["type1"] is None and times["conv2"]["type1"] == 10.0
+    assert errors == ["conv1 type1: not run by benchmarks.lowering"]
+    # regret is taken among the lowerings that ran: type3 (12) vs type2 (11) on conv1
+    assert math.isclose(planner._regret(times["conv1"], "type3", planner.CANDIDATES), 1 / 11)
+    assert planner._regret(times["conv1"], "type1", planner.CANDIDATES) is None
 
 
 def test_planner_memory_guard():
