@@ -91,6 +91,9 @@ def test_request_rejected_inside_the_worker_leaves_it_usable(opencl_device):
     with pytest.raises(DeviceError, match="lies outside the arena"):  # x claims a huge batch
         client.call("conv_forward", {"x": x, "w": k}, {"y": ((2, 4, 4, 4), np.float32)},
                     g=dict(g, N=10 ** 6), lowering="type1")
+    with pytest.raises(DeviceError, match="'y'.*lies outside the arena"):  # checked first
+        client.call("conv_forward", {"x": x, "w": k}, {"y": ((2, 4, 4, 4), np.float32)},
+                    g=dict(g, oh=1000, ow=1000), lowering="type1")
     with pytest.raises(DeviceError, match="lowering"):
         client.call("conv_forward", {"x": x, "w": k}, {"y": ((2, 4, 4, 4), np.float32)},
                     g=g, lowering="type9")

@@ -595,7 +595,9 @@ class Worker:
             self._engine = Engine(self.spec)
         return self._engine
 
-    def _arrays(self, off, sizes, upload):
+    def _arrays(self, off, sizes, upload=None):
+        """Check that the arrays lie inside the arena, then (``upload`` True / False) copy them
+        to / from a non-unified device's mirror of it."""
         e = self.engine
         _check(e.arena is not None, "no shared-memory arena attached")
         for name, nbytes in sizes.items():
@@ -605,6 +607,8 @@ class Worker:
             _check(o % 4 == 0 and 0 <= o and o + nbytes <= e.arena.size,
                    f"array {name!r} ({nbytes} bytes at {o}) lies outside the arena "
                    f"({e.arena.size} bytes)")
+            if upload is None:
+                continue
             if upload:
                 e.upload(o, nbytes)
             else:
@@ -640,6 +644,7 @@ class Worker:
     def cmd_gemm(self, M, N, K, off, trans_a=False):
         e = self.engine
         sizes = {"a": 4 * M * K, "b": 4 * K * N, "c": 4 * M * N}
+        self._arrays(off, sizes)
         self._arrays(off, {k: v for k, v in sizes.items() if k != "c"}, True)
         lda = M if trans_a else K
         e.gemm(M, N, K, e.abuf, off["a"] // 4, lda, 0, e.abuf, off["b"] // 4, N, 0,
@@ -657,8 +662,9 @@ class Worker:
     def cmd_conv_forward(self, g, off, lowering="type1", chunk_bytes=32 << 20):
         conv = Conv(self.engine, g, chunk_bytes)
         s = self._conv_sizes(g)
-        self._arrays(off, {k: s[k] for k in ("x", "w", "b")}, True)
         _check("y" in off, "no output offset")
+        self._arrays(off, s)
+        self._arrays(off, {k: s[k] for k in ("x", "w", "b")}, True)
         if lowering not in ("type1", "type2", "type3"):
             raise RequestError(f"lowering {lowering!r} is not available on OpenCL "
                                "(use 'type1', 'type2' or 'type3')")
@@ -672,9 +678,10 @@ class Worker:
         s = self._conv_sizes(g)
         ins = {"x": s["x"], "w": s["w"], "dy": s["y"]}
         outs = {"dx": s["x"], "dw": s["w"], "db": s["b"]}
-        self._arrays(off, ins, True)
         for k in ("x", "w", "dy", "dx", "dw"):
             _check(k in off, f"no offset for {k!r}")
+        self._arrays(off, dict(ins, **outs))
+        self._arrays(off, ins, True)
         if lowering not in ("type1", "type2", "type3"):
             raise RequestError(f"lowering {lowering!r} is not available on OpenCL "
                                "(use 'type1', 'type2' or 'type3')")
@@ -684,8 +691,10 @@ class Worker:
         return None
 
     def cmd_calibrate(self, M=2048, N=256, K=1024, seconds=0.3):
-        """SGEMM GFLOP/s of keras_cct's kernel on worker-local buffers (no shared memory)."""
-        return self.cmd_bench_gemm(M, N, K, seconds=seconds)["gflops"]
+        """SGEMM GFLOP/s with this device's GEMM (:attr:`Engine.gemm_library`) on worker-local
+        buffers (no shared memory)."""
+        return self.cmd_bench_gemm(M, N, K, seconds=seconds,
+                                   library=self.engine.gemm_library)["gflops"]
 
     def cmd_bench_gemm(self, M, N, K, trans_a=False, seconds=0.3, library="own"):
         """Time ``C = op(A) B`` on worker-local buffers; checks the result first.
