@@ -748,6 +748,12 @@ class Worker:
                 break
         return {"gflops": 2.0 * M * N * K * n / dt / 1e9, "seconds": dt / n}
 
+    def cmd_cputime(self):
+        """CPU seconds (user + system, all threads) this worker has used so far."""
+        import resource
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
     def cmd_sleep(self, seconds=0.1):
         """Wait (for tests of concurrency between workers)."""
         time.sleep(float(seconds))
