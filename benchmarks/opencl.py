@@ -100,14 +100,21 @@ def bench_gemm(device, rounds, reps, results):
         b = rng.standard_normal((K, N), dtype=np.float32)
         flops = 2.0 * M * N * K
         own = {"nn": 0.0, "tn": 0.0}
+        own_cpu = 0.0
         clb = None
-        npt = float("inf")
+        npt = npc = float("inf")
         a @ b
         for _ in range(rounds):
             npt = min(npt, best_time(lambda: a @ b, reps))
+            for _ in range(reps):
+                c0 = cpu_seconds()
+                a @ b
+                npc = min(npc, cpu_seconds() - c0)
             for t, trans in (("nn", False), ("tn", True)):
                 r = client.request("bench_gemm", M=M, N=N, K=K, trans_a=trans, seconds=0.2)
                 own[t] = max(own[t], r["gflops"])
+                if t == "nn":
+                    own_cpu = max(own_cpu, r["gflop_per_cpu_s"])
             try:
                 r = client.request("bench_gemm", M=M, N=N, K=K, seconds=0.2, library="clblast")
                 clb = max(clb or 0.0, r["gflops"])
@@ -119,10 +126,14 @@ def bench_gemm(device, rounds, reps, results):
                "opencl_nn_gflops": own["nn"], "opencl_tn_gflops": own["tn"],
                "clblast_gflops": clb}
         row["opencl_vs_numpy"] = row["opencl_nn_gflops"] / row["numpy_gflops"]
+        row["numpy_gflop_per_cpu_s"] = flops / npc / 1e9
+        row["opencl_nn_gflop_per_cpu_s"] = own_cpu
+        row["opencl_vs_numpy_per_cpu_s"] = own_cpu / row["numpy_gflop_per_cpu_s"]
         rows.append(row)
         print(f"SGEMM {M}x{N}x{K}: numpy {row['numpy_gflops']:.0f}, OpenCL NN "
               f"{own['nn']:.0f} / TN {own['tn']:.0f}, CLBlast "
-              f"{'-' if clb is None else f'{clb:.0f}'} GFLOP/s", flush=True)
+              f"{'-' if clb is None else f'{clb:.0f}'} GFLOP/s; per CPU-second: numpy "
+              f"{row['numpy_gflop_per_cpu_s']:.0f}, OpenCL NN {own_cpu:.0f}", flush=True)
     results["sgemm"] = rows
 
 
@@ -237,13 +248,16 @@ def write(results, out_dir: Path):
              "Minimum over interleaved rounds; the machine is shared, so figures are noisy.", ""]
     if "sgemm" in results:
         lines += ["## SGEMM (GFLOP/s, same cores)", "",
-                  "| M x N x K | numpy | OpenCL NN | OpenCL TN | CLBlast | OpenCL NN / numpy |",
-                  "|---|---|---|---|---|---|"]
+                  "| M x N x K | numpy | OpenCL NN | OpenCL TN | CLBlast | OpenCL NN / numpy | "
+                  "numpy per CPU-s | OpenCL NN per CPU-s | ratio per CPU-s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in results["sgemm"]:
             clb = "-" if r["clblast_gflops"] is None else f"{r['clblast_gflops']:.0f}"
             lines.append(f"| {r['M']}x{r['N']}x{r['K']} | {r['numpy_gflops']:.0f} | "
                          f"{r['opencl_nn_gflops']:.0f} | {r['opencl_tn_gflops']:.0f} | {clb} | "
-                         f"{r['opencl_vs_numpy']:.2f} |")
+                         f"{r['opencl_vs_numpy']:.2f} | {r['numpy_gflop_per_cpu_s']:.0f} | "
+                         f"{r['opencl_nn_gflop_per_cpu_s']:.0f} | "
+                         f"{r['opencl_vs_numpy_per_cpu_s']:.2f} |")
         lines.append("")
     if "conv" in results:
         lines += [f"## CaffeNet convolutions, batch {results['conv'][0]['batch']} (ms)", "",

@@ -738,6 +738,7 @@ class Worker:
         err = float(np.abs(c[:rows] - ref).max() / max(np.abs(ref).max(), 1e-30))
         if err > 1e-4:
             raise RequestError(f"SGEMM ({library}) computed wrong values (rel. error {err:.2e})")
+        c0 = self.cmd_cputime()
         n, t0 = 0, time.perf_counter()
         while True:
             run()
@@ -746,7 +747,9 @@ class Worker:
             dt = time.perf_counter() - t0
             if dt >= seconds and n >= 2:
                 break
-        return {"gflops": 2.0 * M * N * K * n / dt / 1e9, "seconds": dt / n}
+        cpu = (self.cmd_cputime() - c0) / n
+        return {"gflops": 2.0 * M * N * K * n / dt / 1e9, "seconds": dt / n,
+                "cpu_seconds": cpu, "gflop_per_cpu_s": 2.0 * M * N * K / max(cpu, 1e-9) / 1e9}
 
     def cmd_cputime(self):
         """CPU seconds (user + system, all threads) this worker has used so far."""
