@@ -666,8 +666,6 @@ def import_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[
                       _drop_heads=True)
     if weights is not None:
         load_weights(built, weights, strict=strict, net_param=built.net_param)
-    elif strict is False:
-        pass
     return built
 
 

@@ -22,7 +22,7 @@ as Caffe's ``Blob::ShapeEquals`` does.
 Reading a large caffemodel is dominated by turning protobuf's repeated floats into numpy; the
 blob payloads are therefore read straight from the (packed, little-endian) wire bytes with
 ``numpy.frombuffer`` after protobuf has parsed and validated the message, and written the same
-way (protobuf parses the encoded blob back, so every file we write is checked by protobuf).
+way (protobuf parses the encoded file back, so every file we write is checked by protobuf).
 """
 
 from __future__ import annotations
@@ -130,16 +130,24 @@ def blob_array(blob, *, path: Optional[str] = None, layer: Optional[str] = None)
     return values.astype(np.float32, copy=False).reshape(shape)
 
 
-def _blob_from_array(array: np.ndarray):
-    """A BlobProto (``shape`` + packed float ``data``), built by protobuf from wire bytes."""
+def _len_field(key: bytes, payload: bytes) -> bytes:
+    """One length-delimited protobuf field: key, varint length, payload."""
+    return key + _encode_varint(len(payload)) + payload
+
+
+_KEY_BLOB_SHAPE = b"\x3a"      # BlobProto.shape = 7, length-delimited
+_KEY_BLOB_DATA = b"\x2a"       # BlobProto.data = 5, packed floats
+_KEY_LAYER_BLOBS = b"\x3a"     # LayerParameter.blobs = 7
+_KEY_NET_LAYER = b"\xa2\x06"   # NetParameter.layer = 100
+
+
+def _blob_bytes(array: np.ndarray) -> bytes:
+    """The wire bytes of a BlobProto (``shape`` + packed little-endian float ``data``)."""
     arr = np.ascontiguousarray(np.asarray(array, dtype="<f4"))
     shape = proto.BlobShape()
     shape.dim.extend(int(d) for d in arr.shape)
-    shape_bytes = shape.SerializeToString()
-    payload = arr.tobytes()
-    wire = (b"\x3a" + _encode_varint(len(shape_bytes)) + shape_bytes  # field 7, shape
-            + b"\x2a" + _encode_varint(len(payload)) + payload)      # field 5, packed data
-    return proto.BlobProto.FromString(wire)
+    return (_len_field(_KEY_BLOB_SHAPE, shape.SerializeToString())
+            + _len_field(_KEY_BLOB_DATA, arr.tobytes()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,18 +331,26 @@ def save_weights(model_or_net, path: PathLike, *, name: Optional[str] = None,
     if net_param is not None:
         transposed = {keras_name(lp.name) for lp in net_param.layer
                       if lp.type == "InnerProduct" and lp.inner_product_param.transpose}
-    net = proto.NetParameter(name=name or model.name)
+    # The message is assembled from wire bytes (protobuf's repeated-float fields are slow to
+    # fill from numpy), then parsed back by protobuf once, so every file written is valid.
+    parts = [proto.NetParameter(name=name or model.name).SerializeToString()]
     count = 0
     for layer in model.layers:
         t = caffe_type_of(layer)
         if t is None:
             continue
-        lp = net.layer.add(name=names.get(layer.name, caffe_name(layer.name)), type=t)
+        head = proto.LayerParameter(name=names.get(layer.name, caffe_name(layer.name)), type=t)
         arrays = keras_layer_to_blobs(layer)
         if layer.name in transposed:
             arrays[0] = arrays[0].T
-        for arr in arrays:
-            lp.blobs.add().CopyFrom(_blob_from_array(arr))
+        body = head.SerializeToString() + b"".join(
+            _len_field(_KEY_LAYER_BLOBS, _blob_bytes(a)) for a in arrays)
+        parts.append(_len_field(_KEY_NET_LAYER, body))
         count += 1
-    _atomic_write(str(path), net.SerializeToString())
+    data = b"".join(parts)
+    check = proto.NetParameter.FromString(data)
+    if len(check.layer) != count:  # pragma: no cover - a bug in the encoder above
+        raise RuntimeError("save_weights produced an inconsistent caffemodel")
+    del check
+    _atomic_write(str(path), data)
     return count
