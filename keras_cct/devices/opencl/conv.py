@@ -19,6 +19,9 @@ from keras_cct.devices.opencl.client import client_for
 LOWERINGS = ("type1", "type2", "type3")
 #: Bytes of lowered data (im2col or Type 3 GEMM output) per batch partition.
 CHUNK_BYTES = 8 << 20
+#: Fewest output pixels per batch partition in the backward pass (its kernel-gradient GEMM sums
+#: over them; smaller partitions spend their time re-reading and re-writing dW).
+MIN_ROWS_BACKWARD = 1024
 
 
 def _f32(name: str, a, shape_hint: str) -> np.ndarray:
@@ -114,7 +117,8 @@ def conv2d_backward(device: str, x, kernel, dy, *, strides=1, padding: PaddingAr
     if with_bias:
         outputs["db"] = ((geom.filters,), np.float32)
     _, outs = client_for(device).call("conv_backward", {"x": x, "w": kernel, "dy": dy},
-                                      outputs, g=g, lowering=lowering, chunk_bytes=CHUNK_BYTES)
+                                      outputs, g=g, lowering=lowering, chunk_bytes=CHUNK_BYTES,
+                                      min_rows=MIN_ROWS_BACKWARD)
     return outs["dx"], outs["dw"], outs.get("db")
 
 

@@ -384,8 +384,15 @@ class Conv:
         return [i32(g[k]) for k in ("H", "W")], [i32(g[k]) for k in (
             "groups", "kh", "kw", "sh", "sw", "dh", "dw", "pt", "pl", "oh", "ow")]
 
-    def _chunk(self, per_image_floats: int) -> int:
-        return max(1, min(self.g["N"], self.chunk_bytes // max(4 * per_image_floats, 1)))
+    #: Fewest GEMM rows (output pixels) per batch partition in the backward pass: its kernel
+    #: gradient GEMM sums over them and accumulates into dW once per partition, so tiny
+    #: partitions spend their time re-reading and re-writing dW.
+    min_rows_backward = 1024
+
+    def _chunk(self, per_image_floats: int, min_rows: int = 0, rows_img: int = 1) -> int:
+        n = self.chunk_bytes // max(4 * per_image_floats, 1)
+        n = max(n, -(-min_rows // max(rows_img, 1)))
+        return max(1, min(self.g["N"], n))
 
     # Type 1 ------------------------------------------------------------------------------------
     def _im2col(self, n0, nb, col, offX):
@@ -418,7 +425,7 @@ class Conv:
         rows_img = g["oh"] * g["ow"]
         w = e.view(off["w"], (K, G, og))
         wt = e.to_scratch("wt", np.transpose(w, (1, 2, 0)))  # (G, og, K)
-        nbc = self._chunk(2 * rows_img * G * K)
+        nbc = self._chunk(2 * rows_img * G * K, self.min_rows_backward, rows_img)
         colT = e.scratch("col", nbc * rows_img * G * K * 4)
         dcol = e.scratch("dcol", nbc * rows_img * G * K * 4)
         hw, rest = self._conv_args()
@@ -489,7 +496,7 @@ class Conv:
         w2 = self._w2(off).reshape(G, K, L)
         w2t = e.to_scratch("w2t", np.transpose(w2, (0, 2, 1)))  # (G, L, K)
         dw2 = e.scratch("dw2", G * K * L * 4)
-        nbc = self._chunk(rows_img * G * (2 * K + L))
+        nbc = self._chunk(rows_img * G * (2 * K + L), self.min_rows_backward, rows_img)
         D = e.scratch("col", nbc * rows_img * G * K * 4)
         dD = e.scratch("dcol", nbc * rows_img * G * K * 4)
         dT = e.scratch("t2", nbc * rows_img * G * L * 4)
@@ -553,7 +560,7 @@ class Conv:
         w3 = self._w3(off)
         w3t = e.to_scratch("w3t", np.transpose(w3.reshape(G, cg, L), (0, 2, 1)))  # (G, L, cg)
         dw3 = e.scratch("dw3", G * cg * L * 4)
-        nbc = self._chunk(pix * G * L)
+        nbc = self._chunk(pix * G * L, self.min_rows_backward, pix)
         dT = e.scratch("t3", nbc * pix * G * L * 4)
         hw, rest = self._conv_args()
         for n0 in range(0, g["N"], nbc):
@@ -673,8 +680,10 @@ class Worker:
         self.engine.queue.finish()
         return None
 
-    def cmd_conv_backward(self, g, off, lowering="type1", chunk_bytes=32 << 20):
+    def cmd_conv_backward(self, g, off, lowering="type1", chunk_bytes=32 << 20,
+                          min_rows=Conv.min_rows_backward):
         conv = Conv(self.engine, g, chunk_bytes)
+        conv.min_rows_backward = int(min_rows)
         s = self._conv_sizes(g)
         ins = {"x": s["x"], "w": s["w"], "dy": s["y"]}
         outs = {"dx": s["x"], "dw": s["w"], "db": s["b"]}
