@@ -224,6 +224,58 @@ def _model_of(model_or_net):
     return getattr(model_or_net, "model", model_or_net)
 
 
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _is_hdf5(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == _HDF5_SIGNATURE
+    except OSError:
+        return False
+
+
+def _weight_source(caffemodel):
+    """(path, {keras layer name: (caffe name, [(shape, legacy, get_array)], LayerParameter)})."""
+    entries: Dict[str, tuple] = {}
+    if isinstance(caffemodel, (str, os.PathLike)) and _is_hdf5(str(caffemodel)):
+        path = str(caffemodel)
+        import h5py
+        try:
+            f = h5py.File(path, "r")
+        except OSError as exc:
+            raise CaffeFormatError(f"cannot read the HDF5 caffemodel: {exc}", path=path,
+                                   hint="the file is truncated or corrupt") from None
+        if "data" not in f:
+            raise CaffeFormatError("HDF5 caffemodel without a /data group", path=path,
+                                   hint="Caffe's HDF5 weights are /data/<layer>/<blob index>")
+
+        def visit(name, obj):
+            if not isinstance(obj, h5py.Group):
+                return
+            keys = [k for k in obj.keys() if isinstance(obj[k], h5py.Dataset)]
+            if keys:
+                keys.sort(key=lambda k: int(k) if k.isdigit() else 1 << 30)
+                blobs = [(tuple(int(d) for d in obj[k].shape), False,
+                          (lambda ds=obj[k]: np.asarray(ds, dtype=np.float32)))
+                         for k in keys]
+                entries.setdefault(keras_name(name), (name, blobs, None))
+        f["data"].visititems(visit)
+        return path, entries
+    if isinstance(caffemodel, (str, os.PathLike)):
+        path = str(caffemodel)
+        weights = read_caffemodel(path)
+    else:
+        path, weights = "<caffemodel>", caffemodel
+    for lp in weights.layer:
+        if len(lp.blobs) and keras_name(lp.name) not in entries:
+            blobs = [(blob_shape(b), not b.HasField("shape"),
+                      (lambda b=b, n=lp.name: blob_array(b, path=path, layer=n)))
+                     for b in lp.blobs]
+            entries[keras_name(lp.name)] = (lp.name, blobs, lp)
+    return path, entries
+
+
 def load_weights(model_or_net, caffemodel, strict: bool = True, *,
                  net_param=None) -> List[str]:
     """Load a .caffemodel into a model built by :func:`keras_cct.caffe.build_net`/`load_net`.
@@ -234,7 +286,9 @@ def load_weights(model_or_net, caffemodel, strict: bool = True, *,
 
     Args:
         model_or_net: a ``keras.Model`` or a ``CaffeNet``.
-        caffemodel: a path, or an already read ``NetParameter``.
+        caffemodel: a .caffemodel path (binary protobuf, or Caffe's HDF5 format
+            ``/data/<layer>/<i>`` as in ``.caffemodel.h5`` snapshots), or an already read
+            ``NetParameter``.
         strict: a model layer with weights but no blobs in the caffemodel is an error; with
             ``strict=False`` it is a warning and the layer keeps its initial values.
         net_param: the net's definition (for ``inner_product_param.transpose``); by default
@@ -248,16 +302,7 @@ def load_weights(model_or_net, caffemodel, strict: bool = True, *,
             found), missing weights in strict mode.
     """
     model = _model_of(model_or_net)
-    if isinstance(caffemodel, (str, os.PathLike)):
-        path = str(caffemodel)
-        weights = read_caffemodel(path)
-    else:
-        path = "<caffemodel>"
-        weights = caffemodel
-    by_name: Dict[str, object] = {}
-    for lp in weights.layer:
-        if len(lp.blobs) and keras_name(lp.name) not in by_name:
-            by_name[keras_name(lp.name)] = lp
+    path, entries = _weight_source(caffemodel)
     defs: Dict[str, object] = {}
     if net_param is not None:
         for lp in net_param.layer:
@@ -268,30 +313,29 @@ def load_weights(model_or_net, caffemodel, strict: bool = True, *,
         t = caffe_type_of(layer)
         if t is None:
             continue
-        src = by_name.get(layer.name)
-        if src is None:
+        entry = entries.get(layer.name)
+        if entry is None:
             missing.append(layer.name)
             continue
-        definition = defs.get(layer.name, src)
-        transpose = bool(t == "InnerProduct" and definition.HasField("inner_product_param")
+        cname, blobs, own_def = entry
+        definition = defs.get(layer.name, own_def)
+        transpose = bool(t == "InnerProduct" and definition is not None
+                         and definition.HasField("inner_product_param")
                          and definition.inner_product_param.transpose)
         expected = expected_blob_shapes(layer, transpose=transpose)
-        cname = src.name
-        if len(src.blobs) != len(expected):
+        if len(blobs) != len(expected):
             raise CaffeFormatError(
-                f"{t} layer has {len(src.blobs)} blobs in the caffemodel, the net expects "
+                f"{t} layer has {len(blobs)} blobs in the caffemodel, the net expects "
                 f"{len(expected)} ({', '.join(str(s) for s in expected)})", path=path,
                 layer=cname, hint="check bias_term and that the prototxt matches the weights")
         arrays = []
-        for i, (blob, exp) in enumerate(zip(src.blobs, expected)):
-            found = blob_shape(blob)
-            legacy = not blob.HasField("shape")
+        for i, ((found, legacy, get), exp) in enumerate(zip(blobs, expected)):
             if not _shape_matches(found, exp, legacy):
                 raise CaffeFormatError(
                     f"blob {i} has shape {found}, expected {exp}", path=path, layer=cname,
                     hint="the prototxt does not match these weights (num_output, kernel "
                          "size, group or input size differ)")
-            arrays.append(blob_array(blob, path=path, layer=cname))
+            arrays.append(get())
         plan.append((layer, layer_blobs_to_keras(layer, arrays, transpose=transpose)))
     if missing:
         msg = (f"{len(missing)} layer(s) need weights but the caffemodel has none for them: "
@@ -306,8 +350,12 @@ def load_weights(model_or_net, caffemodel, strict: bool = True, *,
 
 
 def save_weights(model_or_net, path: PathLike, *, name: Optional[str] = None,
-                 net_param=None) -> int:
+                 net_param=None, format: str = "auto") -> int:  # noqa: A002
     """Write the model's weighted layers as a .caffemodel (binary ``NetParameter``).
+
+    With ``format="hdf5"`` (or ``"auto"`` and a path ending in ``.h5``) the weights are written
+    in Caffe's HDF5 layout instead (``/data/<layer>/<blob index>``, as Caffe's
+    ``snapshot_format: HDF5``).
 
     Each layer is written with its Caffe name, type and blobs (Caffe shapes and layouts); Caffe
     and OpenCV match them by name with the .prototxt the model was imported from. The file is
@@ -331,6 +379,10 @@ def save_weights(model_or_net, path: PathLike, *, name: Optional[str] = None,
     if net_param is not None:
         transposed = {keras_name(lp.name) for lp in net_param.layer
                       if lp.type == "InnerProduct" and lp.inner_product_param.transpose}
+    if format not in ("auto", "binaryproto", "hdf5"):
+        raise ValueError(f"format must be 'auto', 'binaryproto' or 'hdf5', got {format!r}")
+    if format == "hdf5" or (format == "auto" and str(path).endswith(".h5")):
+        return _save_hdf5(model, str(path), names, transposed)
     # The message is assembled from wire bytes (protobuf's repeated-float fields are slow to
     # fill from numpy), then parsed back by protobuf once, so every file written is valid.
     parts = [proto.NetParameter(name=name or model.name).SerializeToString()]
@@ -353,4 +405,28 @@ def save_weights(model_or_net, path: PathLike, *, name: Optional[str] = None,
         raise RuntimeError("save_weights produced an inconsistent caffemodel")
     del check
     _atomic_write(str(path), data)
+    return count
+
+
+def _save_hdf5(model, path: str, names: Dict[str, str], transposed) -> int:
+    import h5py
+    tmp = f"{path}.tmp{os.getpid()}"
+    count = 0
+    try:
+        with h5py.File(tmp, "w") as f:
+            data = f.create_group("data")
+            for layer in model.layers:
+                if caffe_type_of(layer) is None:
+                    continue
+                group = data.create_group(names.get(layer.name, caffe_name(layer.name)))
+                arrays = keras_layer_to_blobs(layer)
+                if layer.name in transposed:
+                    arrays[0] = arrays[0].T
+                for i, arr in enumerate(arrays):
+                    group.create_dataset(str(i), data=np.ascontiguousarray(arr, np.float32))
+                count += 1
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return count

@@ -201,3 +201,24 @@ def test_duplicate_layer_names(tmp_path):
     text = TINY.replace('name: "fc"', 'name: "conv"')
     with pytest.raises(CaffeFormatError, match="duplicate layer name 'conv'"):
         load_net(_write(tmp_path, text))
+
+
+def test_hdf5_caffemodel_round_trip_and_errors(tmp_path):
+    """Caffe's HDF5 weights (/data/<layer>/<i>, snapshot_format: HDF5) load like binary ones."""
+    h5py = pytest.importorskip("h5py")
+    net = import_net(_write(tmp_path, TINY))
+    randomize(net.model, seed=5)
+    h5 = tmp_path / "w.caffemodel.h5"
+    assert save_weights(net, h5) == 2
+    with h5py.File(h5, "r") as f:
+        assert f["data/conv/0"].shape == (3, 2, 3, 3) and f["data/fc/0"].shape == (4, 27)
+    again = load_net(_write(tmp_path, TINY, "again.prototxt"), h5)
+    for a, b in zip(again.get_weights(), net.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    other = TINY.replace("num_output: 3", "num_output: 5")
+    with pytest.raises(CaffeFormatError, match="blob 0 has shape \\(3, 2, 3, 3\\), expected"):
+        load_net(_write(tmp_path, other, "o.prototxt"), h5)
+    cut = tmp_path / "cut.caffemodel.h5"
+    cut.write_bytes(h5.read_bytes()[:600])
+    with pytest.raises(CaffeFormatError, match="cannot read the HDF5 caffemodel"):
+        load_net(_write(tmp_path, TINY, "c.prototxt"), cut)
