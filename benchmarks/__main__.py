@@ -75,7 +75,9 @@ def _rq3(d: dict) -> str:
     parts = []
     if t:
         parts.append(f"sum of per-layer times, cost model's picks vs fastest: "
-                     f"+{100 * t['model_regret']:.0f}%")
+                     f"+{100 * t['model_regret']:.0f}%"
+                     + (f" (vs the fastest lowered type: +{100 * t['model_regret_lowered']:.0f}%)"
+                        if "model_regret_lowered" in t else ""))
     if e2e is not None:
         parts.append(f"end to end (batch {d['end_to_end_batch']}): {100 * e2e:+.0f}% vs the "
                      "per-layer oracle")

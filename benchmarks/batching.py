@@ -345,7 +345,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     from tqdm import tqdm
     from benchmarks.common import machine
-    batch = args.batch or (8 if args.quick else 32)
+    batch = args.batch or (4 if args.quick else 32)
     repeats = args.repeats or (1 if args.quick else 3)
     cores = args.cores or os.cpu_count() or 1
     convs = caffenet_convs()

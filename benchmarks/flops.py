@@ -13,7 +13,7 @@ calibrated GFLOP/s. Here the FLOPS of the devices are varied and both sides are 
 
 Each configuration runs in a fresh process (TensorFlow fixes its thread pools at start-up) with
 its own empty calibration cache, so :func:`keras_cct.devices.calibrate` measures the device as
-configured. Throughput is CaffeNet's conv3 (13x13x256 -> 384, 3x3, pad 1), forward+backward,
+configured (an SGEMM timed for 1.5 s, 0.3 s with ``--quick``). Throughput is CaffeNet's conv3 (13x13x256 -> 384, 3x3, pad 1), forward+backward,
 through ``HybridConv2D`` (``device=`` the OpenCL device for OpenCL). The fitted line is a least
 squares fit through the origin, images/s = a x GFLOP/s, with its R^2; the efficiency of a
 point is the GFLOP/s the convolution reached over the calibrated GFLOP/s.
@@ -56,7 +56,7 @@ def run_config(spec: dict) -> dict:
     name = spec["device"]
     env = spec.get("env")
     device = get_device(name, env=env) if name.startswith("opencl") else get_device(name)
-    gflops = calibrate(device, refresh=True)
+    gflops = calibrate(device, refresh=True, seconds=spec.get("calibrate_s", 0.3))
     lay = spec.get("layer", CONV3)
     batch, hw = spec["batch"], lay["hw"]
     layer = HybridConv2D(lay["filters"], lay["kernel"], padding=lay["pad"],
@@ -133,12 +133,14 @@ def fit(points: List[dict]) -> Optional[dict]:
 
 
 def run(cores: int, batch: int, repeats: int, opencl: str = "opencl:0:0",
-        sub_device: bool = True, progress=None) -> dict:
+        sub_device: bool = True, progress=None, calibrate_s: float = 0.3) -> dict:
+    """Every configuration, each in a fresh process (a failed one records its error)."""
     configs = configurations(cores, opencl, sub_device)
     results: Dict[str, dict] = {}
     for name, spec in configs.items():
         try:
-            results[name] = dict(spec, **spawn(dict(spec, batch=batch, repeats=repeats)))
+            results[name] = dict(spec, **spawn(dict(spec, batch=batch, repeats=repeats,
+                                                    calibrate_s=calibrate_s)))
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             results[name] = dict(spec, error=str(exc))
         if progress is not None:
@@ -216,7 +218,8 @@ def main(argv=None) -> dict:
     cores = args.cores or os.cpu_count() or 1
     n = len(configurations(cores, args.opencl, not args.no_sub_device))
     with tqdm(total=n, desc="flops benchmark", unit="config") as progress:
-        data = run(cores, batch, repeats, args.opencl, not args.no_sub_device, progress)
+        data = run(cores, batch, repeats, args.opencl, not args.no_sub_device, progress,
+                   calibrate_s=0.3 if args.quick else 1.5)
     data["machine"] = machine()
     md = markdown(data, "python -m benchmarks.flops" + (" --quick" if args.quick else ""))
     write_results(args.out, "flops", data, md)
