@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Tuple
 
 from keras_cct.errors import CaffeFormatError
 

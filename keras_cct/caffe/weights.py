@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
