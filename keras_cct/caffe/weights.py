@@ -155,13 +155,11 @@ def _blob_bytes(array: np.ndarray) -> bytes:
 
 def caffe_type_of(layer) -> Optional[str]:
     """The Caffe type a Keras layer imports/exports as (``None``: no weights to convert)."""
-    from keras_cct.layers import caffe_layers as cl
     cls = type(layer).__name__
     table = {"HybridConv2D": "Convolution", "Conv2D": "Convolution",
              "CaffeDeconvolution": "Deconvolution", "CaffeInnerProduct": "InnerProduct",
              "CaffePReLU": "PReLU", "CaffeBatchNorm": "BatchNorm", "CaffeScale": "Scale",
              "CaffeBias": "Bias"}
-    del cl
     t = table.get(cls)
     if t is None or not layer.weights:
         return None
