@@ -56,8 +56,13 @@ def _load(out: Path, name: str) -> Optional[dict]:
 
 def _rq1(d: dict) -> str:
     s = d["speedup_p_cores_vs_caffe"]["iteration"]
-    return (f"whole CaffeNet iteration: {d['cores']} partitions = {s:.2f}x Caffe's per-image "
+    it = d["images_per_s"]["iteration"]
+    line = (f"whole CaffeNet iteration: {d['cores']} partitions = {s:.2f}x Caffe's per-image "
             f"lowering on {d['cores']} cores (batch {d['batch']})")
+    if "caffe 1T" in it:
+        best = it["batch p=%d" % d["cores"]]
+        line += f"; {best / it['caffe 1T']:.2f}x Caffe's way with a one-thread BLAS"
+    return line
 
 
 def _rq2(d: dict) -> str:

@@ -8,13 +8,14 @@ calibrated GFLOP/s. Here the FLOPS of the devices are varied and both sides are 
 * ``tf:cpu:0`` with 1 .. cores intra-op threads;
 * the first OpenCL device with PoCL limited to 1 .. cores threads (``POCL_MAX_PTHREAD_COUNT``
   in the worker's environment);
-* one fission sub-device ``opencl:P:D.0`` (one compute unit; PoCL does not limit its threads
-  by fission, so it is expected to calibrate and run like the whole device).
+* one fission sub-device ``opencl:P:D.0`` (one compute unit; fission alone does not limit
+  PoCL's threads, so keras_cct starts a sub-device's worker with ``POCL_MAX_PTHREAD_COUNT=1``).
 
 Each configuration runs in a fresh process (TensorFlow fixes its thread pools at start-up) with
 its own empty calibration cache, so :func:`keras_cct.devices.calibrate` measures the device as
-configured (an SGEMM timed for 1.5 s, 0.3 s with ``--quick``). Throughput is CaffeNet's conv3 (13x13x256 -> 384, 3x3, pad 1), forward+backward,
-through ``HybridConv2D`` (``device=`` the OpenCL device for OpenCL). The fitted line is a least
+configured (an SGEMM timed for 1.5 s, 0.3 s with ``--quick``). Throughput is CaffeNet's conv3
+(13x13x256 -> 384, 3x3, pad 1), forward+backward, through ``HybridConv2D`` (``device=`` the
+OpenCL device for OpenCL). The fitted line is a least
 squares fit through the origin, images/s = a x GFLOP/s, with its R^2; the efficiency of a
 point is the GFLOP/s the convolution reached over the calibrated GFLOP/s.
 

@@ -10,7 +10,8 @@
    model is within 10% of the fastest lowering, mean and worst regret.
 3. End to end: one training step (``train_on_batch``) of a CaffeNet-shaped model built from
    ``HybridConv2D`` layers, with every layer on the planner's choice (``planner="model"``, and
-   the per-layer picks of ``mode="measure"`` from part 1) against the *oracle* (each layer on its fastest lowering from part 1)
+   the per-layer picks of ``mode="measure"`` from part 1) against the *oracle* (each layer
+   on its fastest lowering from part 1)
    and, unless ``--quick``, against every layer forced to one lowering.
 
 Writes ``planner.json``, ``planner.md`` and ``planner.png`` under ``docs/benchmarks/``.
@@ -62,8 +63,9 @@ def feasible(geo, batch: int, budget: Optional[int] = None) -> Dict[str, Optiona
     out: Dict[str, Optional[str]] = {}
     for c in CANDIDATES:
         need = 0 if c == "native" else 3 * cost(geo, c, batch=batch).temp_bytes
-        out[c] = None if need <= budget else \
-            f"skipped: needs about {need / 1e9:.1f} GB of temporaries ({budget / 1e9:.1f} GB budget)"
+        out[c] = None if need <= budget else (
+            f"skipped: needs about {need / 1e9:.1f} GB of temporaries "
+            f"({budget / 1e9:.1f} GB budget)")
     return out
 
 

@@ -7,7 +7,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -218,12 +217,14 @@ def test_flops_tiny_configs(tmp_path, opencl_name):
 def test_summary_and_page(tmp_path):
     from benchmarks import __main__ as suite
     (tmp_path / "batching.json").write_text(json.dumps(
-        {"speedup_p_cores_vs_caffe": {"iteration": 1.25}, "cores": 2, "batch": 32}))
+        {"speedup_p_cores_vs_caffe": {"iteration": 1.25}, "cores": 2, "batch": 32,
+         "images_per_s": {"iteration": {"caffe": 4.0, "caffe 1T": 2.0, "batch p=2": 5.0}}}))
     (tmp_path / "batching.png").write_bytes(b"png")
     (tmp_path / "flops.json").write_text(json.dumps(
         {"fit": {"slope_images_per_gflop": 0.5, "r2": 0.97, "max_rel_deviation": 0.1}}))
     table, data = suite.summary(tmp_path, {"batching": "ok", "hybrid": "exit code 1"})
     assert "1.25x" in data["batching"]["keras_cct"]
+    assert "2.50x Caffe's way with a one-thread BLAS" in data["batching"]["keras_cct"]
     assert data["batching"]["cct"].startswith("4.5x")
     assert data["hybrid"]["keras_cct"].startswith("failed")
     assert data["lowering"]["keras_cct"] == "not run"

@@ -39,7 +39,8 @@ BOXES = {
                 "choose(): cost model (CcT's\nd/o rule) or measure once,\ncached on disk",
                 "#e4f2e0"),
     "lowering": (4.2, 4.3, 3.4, 1.5, "lowering.conv2d",
-                 "keras.ops: lower -> one GEMM\nper group -> lift; Type 1/2/3,\nnative; own gradients",
+                 "keras.ops: lower -> one GEMM\nper group -> lift; Type 1/2/3,\n"
+                 "native; own gradients",
                  "#e4f2e0"),
     "ops": (8.2, 4.3, 3.4, 1.5, "ops.conv2d_on",
             "numpy_function / pure_callback /\nautograd.Function around\nthe device worker",
