@@ -107,9 +107,12 @@ class CaffeNet:
 
 
 class _Ctx:
-    def __init__(self, source: NetSource, phase: int) -> None:
+    def __init__(self, source: NetSource, phase: int, conv_impl: str = "hybrid",
+                 conv_options: Optional[Mapping] = None) -> None:
         self.source = source
         self.phase = phase
+        self.conv_impl = conv_impl
+        self.conv_options = dict(conv_options or {})
         self.index = 0
         self.lp = None
         self.names: Dict[str, str] = {}  # keras name -> caffe name
@@ -171,12 +174,21 @@ def _conv_args(ctx: _Ctx, p):
 
 
 def _convolution(ctx, lp, xs):
-    from keras_cct import HybridConv2D
     x = xs[0]
     _need_rank(ctx, x, 4, "Convolution")
     n_out, k, s, pad, d, g, bias = _conv_args(ctx, lp.convolution_param)
+    if ctx.conv_impl == "keras":
+        # keras.layers.Conv2D (same kernel layout), explicit padding as a ZeroPadding2D
+        if pad != (0, 0):
+            x = keras.layers.ZeroPadding2D(pad, name=ctx.kname() + "_pad")(x)
+        layer = keras.layers.Conv2D(n_out, k, strides=s, padding="valid", dilation_rate=d,
+                                    groups=g, use_bias=bias, name=ctx.kname(),
+                                    **ctx.conv_options)
+        return [layer(x)]
+    from keras_cct import HybridConv2D
     layer = HybridConv2D(n_out, k, strides=s, padding=((pad[0], pad[0]), (pad[1], pad[1])),
-                         dilation_rate=d, groups=g, use_bias=bias, name=ctx.kname())
+                         dilation_rate=d, groups=g, use_bias=bias, name=ctx.kname(),
+                         **ctx.conv_options)
     return [layer(x)]
 
 
@@ -453,6 +465,7 @@ def _data_top_shapes(ctx: _Ctx, lp, input_shapes: Mapping[str, Sequence[int]]
 def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
               input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
               source: Union[None, PathLike, NetSource] = None, level: int = 0,
+              conv_impl: str = "hybrid", conv_options: Optional[Mapping] = None,
               _drop_heads: bool = False) -> CaffeNet:
     """Build the Keras model of a Caffe net for one phase.
 
@@ -465,6 +478,11 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
             not give.
         source: the prototxt path (or a :class:`NetSource`), used in error messages.
         level: the net state's level.
+        conv_impl: ``"hybrid"`` (:class:`keras_cct.HybridConv2D`, the default) or ``"keras"``
+            (``keras.layers.Conv2D`` after a ``ZeroPadding2D`` named ``<layer>_pad``: the
+            same net with Keras' own convolution, e.g. to compare speed; same weights).
+        conv_options: extra keyword arguments for every convolution layer, e.g.
+            ``{"lowering": "type1"}`` or ``{"device": "opencl:0:0"}`` for HybridConv2D.
 
     Returns:
         :class:`CaffeNet`. Its model's outputs are the blobs the heads consume followed by the
@@ -478,7 +496,9 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
     net, src = _prepare(net_param, source)
     ph = _phase_value(phase)
     net, src = filter_net(net, phase=ph, stages=stages, level=level, source=src)
-    ctx = _Ctx(src, ph)
+    if conv_impl not in ("hybrid", "keras"):
+        raise ValueError(f"conv_impl must be 'hybrid' or 'keras', got {conv_impl!r}")
+    ctx = _Ctx(src, ph, conv_impl, conv_options)
     blobs: Dict[str, object] = {}
     available: List[str] = []
     input_tensors: List[object] = []
@@ -655,7 +675,8 @@ def _input_shapes_arg(net, input_shape) -> Dict[str, Tuple[int, ...]]:
 
 
 def import_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[str] = (),
-               input_shape=None, strict: bool = True) -> CaffeNet:
+               input_shape=None, strict: bool = True, conv_impl: str = "hybrid",
+               conv_options: Optional[Mapping] = None) -> CaffeNet:
     """Like :func:`load_net` but returns the :class:`CaffeNet` (model, inputs, outputs)."""
     if isinstance(prototxt, (str, os.PathLike)):
         net, source = read_net(prototxt, with_source=True)
@@ -663,14 +684,15 @@ def import_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[
         net, source = prototxt, None
     shapes = _input_shapes_arg(net, input_shape)
     built = build_net(net, phase=phase, stages=stages, input_shapes=shapes, source=source,
-                      _drop_heads=True)
+                      conv_impl=conv_impl, conv_options=conv_options, _drop_heads=True)
     if weights is not None:
         load_weights(built, weights, strict=strict, net_param=built.net_param)
     return built
 
 
 def load_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[str] = (),
-             input_shape=None, strict: bool = True) -> keras.Model:
+             input_shape=None, strict: bool = True, conv_impl: str = "hybrid",
+             conv_options: Optional[Mapping] = None) -> keras.Model:
     """Import a Caffe network (and its trained weights) as a functional ``keras.Model``.
 
     Args:
@@ -681,6 +703,7 @@ def load_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[st
         input_shape: Caffe shape ``(N, C, H, W)`` of the (first) input, or a dict per input
             blob name; needed when the prototxt gives none (or to change the image size).
         strict: a weighted layer missing from ``weights`` is an error (else a warning).
+        conv_impl, conv_options: how convolutions are built (see :func:`build_net`).
 
     Returns:
         A ``keras.Model`` with channels-last inputs (one per Caffe input, named by the blob)
@@ -693,4 +716,4 @@ def load_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[st
             the layer, and how to fix it. Nothing is returned half-built.
     """
     return import_net(prototxt, weights, phase=phase, stages=stages, input_shape=input_shape,
-                      strict=strict).model
+                      strict=strict, conv_impl=conv_impl, conv_options=conv_options).model

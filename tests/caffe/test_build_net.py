@@ -78,3 +78,18 @@ def test_input_shapes_override_and_batch_stays_dynamic():
     assert tuple(net.model.inputs[0].shape) == (None, 8, 8, 3)
     out = net.model(np.zeros((7, 8, 8, 3), np.float32))
     assert out[0].shape[0] == 7
+
+
+@pytest.mark.shared
+def test_keras_conv2d_variant_has_the_same_weights_and_outputs():
+    root = need_shared("caffe-models", "mtcnn")
+    hybrid = import_net(root / "det2.prototxt", root / "det2.caffemodel")
+    plain = import_net(root / "det2.prototxt", root / "det2.caffemodel", conv_impl="keras")
+    assert type(plain.model.get_layer("conv1")).__name__ == "Conv2D"
+    assert type(hybrid.model.get_layer("conv1")).__name__ == "HybridConv2D"
+    x = np.random.default_rng(0).standard_normal((3, 24, 24, 3)).astype(np.float32)
+    for a, b in zip(hybrid.model(x), plain.model(x)):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b),
+                                   rtol=1e-4, atol=1e-6)
+    opts = import_net(root / "det2.prototxt", conv_options={"lowering": "type1"})
+    assert opts.model.get_layer("conv2").get_config()["lowering"] == "type1"
