@@ -111,8 +111,8 @@ def tf_config(workers: Union[str, Sequence[str]], worker_index: int) -> dict:
 
 
 def configure(workers: Union[str, Sequence[str], None] = None,
-              worker_index: Optional[int] = None, *, timeout_seconds: Optional[float] = None,
-              patch: bool = True):
+              worker_index: Optional[int] = None, *, replica_device: Optional[str] = None,
+              timeout_seconds: Optional[float] = None, patch: bool = True):
     """Set ``TF_CONFIG`` and return the ``MultiWorkerMirroredStrategy`` of this worker.
 
     Call it at the very start of each worker process, before any other TensorFlow operation
@@ -123,6 +123,12 @@ def configure(workers: Union[str, Sequence[str], None] = None,
         workers: every worker's ``host:port`` (a list or ``"h:p,h:p"``), the same on all
             workers. None: keep the ``TF_CONFIG`` already in the environment.
         worker_index: this worker's position in ``workers``.
+        replica_device: where the worker's one MWMS replica lives (its variables and the
+            layers CCTStrategy does not split): ``"cpu"`` or ``"gpu"`` (the first GPU); None:
+            ``"gpu"`` when TensorFlow sees a GPU. MWMS would otherwise make one replica per
+            local GPU; here each worker has exactly one replica and its devices are
+            CCTStrategy's (name them in ``CCTStrategy(devices=...)``). Use the same value on
+            every worker (MWMS needs the same number of devices per worker).
         timeout_seconds: abort a collective (and so the step) that has not completed after
             this long; None: TensorFlow's default (no collective timeout; a dead peer is still
             detected by the coordination service's heartbeats, see docs/multiworker.md).
@@ -134,6 +140,9 @@ def configure(workers: Union[str, Sequence[str], None] = None,
     """
     from keras_cct.strategy.core import _require_tensorflow
     _require_tensorflow()
+    if replica_device not in (None, "cpu", "gpu"):
+        raise ClusterError(f"`replica_device` must be 'cpu', 'gpu' or None, got "
+                           f"{replica_device!r}")
     if workers is not None:
         if worker_index is None:
             raise ClusterError("`worker_index` is required with `workers` (this worker's "
@@ -151,13 +160,27 @@ def configure(workers: Union[str, Sequence[str], None] = None,
             raise ClusterError(f"TF_CONFIG is not a worker cluster description ({exc}): "
                                f"{raw!r}") from None
     import tensorflow as tf
+    if replica_device is None:
+        replica_device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=timeout_seconds)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=_one_replica_resolver(replica_device), communication_options=options)
     if patch:
         patch_keras()
     return strategy
+
+
+def _one_replica_resolver(replica_device: str):
+    """TF_CONFIG's cluster resolver, reporting one GPU (or none: the CPU) to MWMS."""
+    import tensorflow as tf
+
+    class OneReplicaResolver(tf.distribute.cluster_resolver.TFConfigClusterResolver):
+        def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
+            return {"GPU": 1} if replica_device == "gpu" else {}
+
+    return OneReplicaResolver()
 
 
 @contextlib.contextmanager
@@ -208,6 +231,7 @@ def worker_shares(mwms, throughput: float) -> np.ndarray:
     example :func:`local_throughput` or its measured images/s); all get the same array.
     """
     import tensorflow as tf
+    _check_one_replica(mwms)
     rate = float(throughput)
     if not np.isfinite(rate) or rate <= 0:
         raise ClusterError(f"worker throughput must be a positive number, got {throughput!r}")
@@ -226,6 +250,20 @@ def worker_shares(mwms, throughput: float) -> np.ndarray:
     rates = np.asarray(mwms.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None),
                        np.float64)
     return rates / rates.sum()
+
+
+def _check_one_replica(mwms) -> int:
+    """The number of workers, checking that each has exactly one replica."""
+    replicas = mwms.num_replicas_in_sync
+    resolver = getattr(mwms, "cluster_resolver", None)
+    spec = resolver.cluster_spec() if resolver is not None else None
+    workers = len(spec.as_dict().get("worker", [])) if spec is not None else 0
+    if replicas != max(workers, 1):
+        raise ClusterError(f"the strategy has {replicas} replicas for {workers} workers; "
+                           f"keras_cct's cluster needs one replica per worker (create it with "
+                           f"keras_cct.strategy.cluster.configure, and give a worker's other "
+                           f"devices to its CCTStrategy)")
+    return replicas
 
 
 def split_sizes(batch: int, shares: Sequence[float]) -> np.ndarray:
@@ -283,6 +321,28 @@ def local_slice(batch, shares: Sequence[float], worker_index: int, *,
     return keras.tree.map_structure(cut, x), keras.tree.map_structure(cut, y), weight
 
 
+def mean_loss_factor(sample_weight):
+    """Factor for a loss that is a mean over the local batch and does not use Keras' loss
+    reduction (e.g. a ``compute_loss`` override such as Caffe's loss layers, which Keras
+    neither weights nor scales by ``1 / replicas``).
+
+    With the weights of :func:`local_slice` or :func:`distribute` (``replicas * n_local /
+    n_global``), the factor is ``n_local / n_global``: multiply the local mean loss by it and
+    the all-reduced (summed) gradient is the global batch's mean gradient. Returns 1 when
+    ``sample_weight`` is None. Call it inside the train step (replica context).
+    """
+    if sample_weight is None:
+        return 1.0
+    from keras import ops
+    replicas = 1
+    import keras
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    w = ops.convert_to_tensor(sample_weight, "float32")
+    return ops.divide_no_nan(ops.sum(w), ops.cast(ops.size(w), "float32")) / replicas
+
+
 def _unpack(element):
     if isinstance(element, tuple) and len(element) in (2, 3):
         return element[0], element[1], (element[2] if len(element) == 3 else None)
@@ -320,7 +380,7 @@ def distribute(mwms, dataset, shares: Optional[Sequence[float]] = None, *,
         ClusterError: bad shares (one per worker) or an unsupported ``loss_reduction``.
     """
     import tensorflow as tf
-    replicas = mwms.num_replicas_in_sync
+    replicas = _check_one_replica(mwms)
     if shares is None:
         shares = np.ones(replicas)
     f = _check_shares(shares)

@@ -326,6 +326,11 @@ def test_shares_and_slices_give_exact_global_weights():
         lo += len(yi)
         total += (wi * li).sum() / len(yi) / 3
     assert abs(total - losses.mean()) <= 1e-6 * losses.mean()  # float32 weights
+    # a local-mean loss (Caffe's) times mean_loss_factor is n_local / n_global of it under 3
+    # replicas (here, outside any strategy, the factor is not divided by 3: we do it)
+    factors = [float(np.asarray(cluster.mean_loss_factor(wi))) / 3 for _, _, wi in parts]
+    np.testing.assert_allclose(factors, np.array([4, 2, 1]) / 7, rtol=1e-6)
+    assert cluster.mean_loss_factor(None) == 1.0
     _, _, w = cluster.local_slice((x, y, np.full(7, 2.0)), shares, 1, loss_reduction="sum")
     np.testing.assert_array_equal(w, [2.0, 2.0])
 
@@ -366,6 +371,8 @@ def test_configure_refuses_a_missing_or_bad_cluster(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(cluster.ClusterError, match="no cluster given"):
         cluster.configure()
+    with pytest.raises(cluster.ClusterError, match="`replica_device` must be"):
+        cluster.configure(["127.0.0.1:1"], 0, replica_device="tpu")
     with pytest.raises(cluster.ClusterError, match="`worker_index` is required"):
         cluster.configure(["127.0.0.1:1", "127.0.0.1:2"])
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["a:1"]}}')
