@@ -76,6 +76,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--fractions", default=None, help="CCTStrategy split inside the worker")
     p.add_argument("--throughput", default="flops", help="'flops' or a number per worker")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--loop-epochs", type=int, default=0,
+                   help="then epochs of train_on_batch on cluster.local_slice (Caffe's loop)")
     p.add_argument("--backup", default=None, help="BackupAndRestore root")
     p.add_argument("--hang-at", default=None, help="EPOCH,BATCH: write OUT.hang then sleep")
     args = p.parse_args(argv)
@@ -121,6 +123,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             cluster.backup_dir(args.backup), save_freq="epoch", delete_checkpoint=False))
     t0 = time.perf_counter()
     model.fit(data, epochs=args.epochs, verbose=0, shuffle=False, callbacks=callbacks)
+    for _ in range(args.loop_epochs):
+        for start in range(0, len(problem["x"]), GLOBAL_BATCH):
+            batch = (problem["x"][start:start + GLOBAL_BATCH],
+                     problem["y"][start:start + GLOBAL_BATCH])
+            model.train_on_batch(*cluster.local_slice(batch, shares, args.index))
+            images.append(start)
     seconds = time.perf_counter() - t0
     arrays = {f"w{i}": w for i, w in enumerate(model.get_weights())}
     np.savez(args.out, shares=shares, epochs_run=np.array(epochs_run),
@@ -248,14 +256,17 @@ def _opencl_available() -> bool:
 
 def test_two_workers_unequal_shares_equal_single_process(cluster_run, tmp_path):
     """Worker 0 reports 3x worker 1's throughput: shares 0.75/0.25 (4+2 of each batch of 6,
-    3+1 of the last batch of 4); each worker splits its slice across its own devices."""
+    3+1 of the last batch of 4); each worker splits its slice across its own devices. One
+    epoch of ``model.fit`` on ``cluster.distribute``, then one of ``train_on_batch`` on
+    ``cluster.local_slice`` (the Caffe solver's loop)."""
     problem_path = tmp_path / "problem.npz"
     make_problem(problem_path)
     problem = dict(np.load(problem_path))
     devices, fractions = ("tf:cpu:0,opencl:0:0", "0.6,0.4") if _opencl_available() else \
         ("tf:cpu:0", "1")
     run = cluster_run("equal", [["--problem", str(problem_path), "--devices", devices,
-                                 "--fractions", fractions, "--throughput", "3,1"]] * 2)
+                                 "--fractions", fractions, "--throughput", "3,1",
+                                 "--epochs", "1", "--loop-epochs", "1"]] * 2)
     results = _finish(run)
     expected = reference_weights(problem, epochs=2)
     for r in results:
