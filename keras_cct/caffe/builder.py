@@ -113,6 +113,7 @@ class _Ctx:
         self.phase = phase
         self.conv_impl = conv_impl
         self.conv_options = dict(conv_options or {})
+        self.batch: Optional[int] = None  # Caffe batch size of the first input
         self.index = 0
         self.lp = None
         self.names: Dict[str, str] = {}  # keras name -> caffe name
@@ -351,7 +352,12 @@ def _flatten(ctx, lp, xs):
 
 def _reshape(ctx, lp, xs):
     p = lp.reshape_param
-    return [cl.CaffeReshape(list(p.shape.dim), p.axis, p.num_axes, name=ctx.kname())(xs[0])]
+    dims = [int(d) for d in p.shape.dim]
+    # a batch size written out (``dim: 1`` for a batch-1 deploy net) keeps the batch axis:
+    # the Keras model's batch stays dynamic
+    if p.axis == 0 and dims and dims[0] > 0 and dims[0] == ctx.batch:
+        dims[0] = 0
+    return [cl.CaffeReshape(dims, p.axis, p.num_axes, name=ctx.kname())(xs[0])]
 
 
 def _crop(ctx, lp, xs):
@@ -532,6 +538,8 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
         available.append(top)
         input_tensors.append(t)
         inputs[top] = (cshape[0] if cshape[0] > 0 else None,) + tuple(kshape[1:])
+        if ctx.batch is None and cshape[0] > 0:
+            ctx.batch = int(cshape[0])
         input_names[top] = name
 
     for i, lp in enumerate(net.layer):

@@ -93,3 +93,17 @@ def test_keras_conv2d_variant_has_the_same_weights_and_outputs():
                                    rtol=1e-4, atol=1e-6)
     opts = import_net(root / "det2.prototxt", conv_options={"lowering": "type1"})
     assert opts.model.get_layer("conv2").get_config()["lowering"] == "type1"
+
+
+def test_reshape_with_the_batch_size_written_out():
+    """Deploy nets often write ``dim: 1`` (their batch) in a Reshape; the model keeps a
+    dynamic batch, and the values follow Caffe's C-major order."""
+    text = ('name: "r" input: "data" input_shape { dim: 1 dim: 2 dim: 3 dim: 4 }\n'
+            'layer { name: "r" type: "Reshape" bottom: "data" top: "r"\n'
+            '  reshape_param { shape { dim: 1 dim: -1 dim: 4 } } }\n')
+    param, source = parse_net(text)
+    net = build_net(param, source=source)
+    x = np.random.default_rng(0).standard_normal((3, 2, 3, 4)).astype(np.float32)
+    from keras_cct.layers.caffe_layers import from_caffe_layout, to_caffe_layout
+    y = to_caffe_layout(keras.ops.convert_to_numpy(net.model(from_caffe_layout(x))))
+    np.testing.assert_array_equal(y, x.reshape(3, 6, 4))
