@@ -150,3 +150,12 @@ def test_clblast_gemm_path(opencl_device):
                        R.rel_err(out["db"], rdb)) <= TOL
     finally:
         client.stop()
+
+
+def test_auto_lowering_choice():
+    from keras_cct.devices.opencl.conv import choose_lowering
+    from keras_cct.lowering.geometry import conv_geometry
+    assert choose_lowering(conv_geometry((1, 13, 13, 384), (3, 3, 384, 64), padding=1)) == "type3"
+    assert choose_lowering(conv_geometry((1, 13, 13, 64), (3, 3, 64, 384), padding=1)) == "type1"
+    assert choose_lowering(conv_geometry((1, 13, 13, 384), (3, 3, 384, 64), strides=2)) == "type1"
+    assert choose_lowering(conv_geometry((1, 8, 8, 4), (1, 1, 4, 64))) == "type3"
