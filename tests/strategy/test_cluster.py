@@ -44,18 +44,35 @@ def make_problem(path: Path, n: int = 22, seed: int = 0) -> None:
              bd=np.zeros(3, "float32"))
 
 
-def build_model(problem, conv):
-    """conv1 -> relu -> conv2 (stride 2) -> global pool -> dense, with the problem's weights."""
+def build_model(problem, conv, mean_loss: bool = False):
+    """conv1 -> relu -> conv2 (stride 2) -> global pool -> dense, with the problem's weights.
+    ``mean_loss``: a model whose ``compute_loss`` override returns the local batch's mean loss
+    times ``cluster.mean_loss_factor`` (what Caffe's loss layers need under the cluster)."""
     import keras
     inp = keras.Input(SHAPE)
     h = conv(6, 3, padding="same", activation="relu")(inp)
     h = conv(4, 3, strides=2, padding="valid")(h)
     h = keras.layers.GlobalAveragePooling2D()(h)
-    model = keras.Model(inp, keras.layers.Dense(3)(h))
+    model = (_mean_loss_model_class() if mean_loss else keras.Model)(
+        inp, keras.layers.Dense(3)(h))
     model.set_weights([problem[k] for k in ("k1", "b1", "k2", "b2", "wd", "bd")])
     model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+def _mean_loss_model_class():
+    import keras
+    from keras_cct.strategy import cluster
+
+    class MeanLossModel(keras.Model):
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                         training=True):
+            loss = keras.ops.mean(keras.losses.sparse_categorical_crossentropy(
+                y, y_pred, from_logits=True))
+            return loss * cluster.mean_loss_factor(sample_weight)
+
+    return MeanLossModel
 
 
 def global_batches(problem):
@@ -76,6 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--fractions", default=None, help="CCTStrategy split inside the worker")
     p.add_argument("--throughput", default="flops", help="'flops' or a number per worker")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--mean-loss", action="store_true", help="compute_loss override model")
     p.add_argument("--loop-epochs", type=int, default=0,
                    help="then epochs of train_on_batch on cluster.local_slice (Caffe's loop)")
     p.add_argument("--backup", default=None, help="BackupAndRestore root")
@@ -92,7 +110,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                      args.fractions.split(",")]
     cct = CCTStrategy(args.devices.split(","), split=fractions or "flops", rebalance=False)
     with cluster.scope(mwms, cct):
-        model = build_model(problem, lambda *a, **k: HybridConv2D(*a, lowering="type1", **k))
+        model = build_model(problem, lambda *a, **k: HybridConv2D(*a, lowering="type1", **k),
+                            mean_loss=args.mean_loss)
     if args.throughput == "flops":
         rate = cluster.local_throughput(cct)
     else:
@@ -285,13 +304,15 @@ def test_two_workers_unequal_shares_equal_single_process(cluster_run, tmp_path):
 def test_killed_worker_resumes_from_backup(cluster_run, tmp_path):
     """Worker 1 is SIGKILLed in the middle of epoch 2 of 3. The run is restarted on the same
     addresses with BackupAndRestore: it resumes at epoch 2 from the epoch-1 backup and ends
-    with the weights of an uninterrupted run."""
+    with the weights of an uninterrupted run. The workers' model overrides ``compute_loss``
+    with a local mean loss times ``cluster.mean_loss_factor`` (as Caffe's loss layers need),
+    with shares 2:1 (4+2, then 3+1 images)."""
     problem_path = tmp_path / "problem.npz"
     make_problem(problem_path)
     problem = dict(np.load(problem_path))
     backup = tmp_path / "backup"
     common = ["--problem", str(problem_path), "--epochs", "3", "--backup", str(backup),
-              "--throughput", "1,1"]
+              "--throughput", "2,1", "--mean-loss"]
     ports = free_ports(2)
     run = cluster_run("crash", [common, common + ["--hang-at", "1,1"]], ports)
     marker = Path(str(run.outs[1]) + ".hang")
