@@ -464,7 +464,8 @@ def _data_top_shapes(ctx: _Ctx, lp, input_shapes: Mapping[str, Sequence[int]]
             shapes.append((batch or 1,))  # the label blob: (N,)
         else:
             raise ctx.error(f"{t} layer top '{top}' has no known shape",
-                            hint=f"pass input_shapes={{'{top}': (N, C, H, W)}}")
+                            hint=f"pass input_shapes={{'{top}': (N, C, H, W)}} to build_net "
+                                 f"(load_net / import_net: input_shape=)")
     return shapes  # type: ignore[return-value]
 
 
