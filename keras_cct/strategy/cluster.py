@@ -44,6 +44,9 @@ before building (fails on nested data and on unequal per-worker batches) and red
 logs with ``axis=0``. :func:`configure` installs :func:`patch_keras`, which replaces those
 two steps, only for MWMS in multi-worker mode (everything else goes to Keras' own code).
 
+One replica per worker. :func:`configure` gives MWMS one replica per worker (its CPU, or its
+first GPU), not one per local GPU: the worker's devices are CCTStrategy's to split among.
+
 Faults. A killed worker takes the running collective down: the other workers fail (or are
 ended by the cluster manager); MWMS cannot continue with fewer workers. Restart every worker
 with the same ``TF_CONFIG`` and ``keras.callbacks.BackupAndRestore`` (one ``backup_dir`` per
@@ -269,7 +272,9 @@ def _check_one_replica(mwms) -> int:
 def split_sizes(batch: int, shares: Sequence[float]) -> np.ndarray:
     """Integer slice sizes of a global batch of ``batch`` examples, one per worker, summing to
     ``batch`` (rounded cumulative shares, as CCTStrategy splits a layer's batch). A worker whose
-    share rounds to zero gets an empty slice for that step (its loss and gradient are zero)."""
+    share rounds to zero gets an empty slice for that step: with Keras' own loss reduction its
+    loss and gradient are zero, but a local mean (:func:`mean_loss_factor`) or batch statistics
+    of an empty slice are NaN, so keep every worker's share above ``1 / batch``."""
     f = _check_shares(shares)
     bounds = np.round(np.cumsum(f) * int(batch)).astype(np.int64)
     bounds[-1] = int(batch)
@@ -329,7 +334,9 @@ def mean_loss_factor(sample_weight):
     With the weights of :func:`local_slice` or :func:`distribute` (``replicas * n_local /
     n_global``), the factor is ``n_local / n_global``: multiply the local mean loss by it and
     the all-reduced (summed) gradient is the global batch's mean gradient. Returns 1 when
-    ``sample_weight`` is None. Call it inside the train step (replica context).
+    ``sample_weight`` is None. Call it inside the train step (replica context). A mean over
+    an empty slice is NaN: choose shares that give every worker at least one example of every
+    batch (see :func:`split_sizes`).
     """
     if sample_weight is None:
         return 1.0
@@ -439,9 +446,18 @@ def patch_keras() -> None:
     global _PATCHED
     if _PATCHED:
         return
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-    import tensorflow as tf
+    import warnings
 
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    needed = ("_collective_all_reduce_multi_worker", "reduce_per_replica", "TensorFlowTrainer")
+    if not all(hasattr(tf_trainer, name) for name in needed) or not hasattr(
+            tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build"):
+        warnings.warn("keras_cct.strategy.cluster.patch_keras: this Keras version's TF trainer "
+                      "has changed; it is left as it is (model.fit under MWMS may fail as in "
+                      "keras-team/keras#20585)", RuntimeWarning, stacklevel=2)
+        return
     original_build = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
     original_reduce = tf_trainer.reduce_per_replica
     multi_worker = tf_trainer._collective_all_reduce_multi_worker
