@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from keras_cct.caffe import proto
-from keras_cct.caffe.prototxt import (blob_shape, read_caffemodel, _atomic_write)
+from keras_cct.caffe.prototxt import (blob_shape, parse_caffemodel, _atomic_write)
 from keras_cct.errors import CaffeFormatError
 
 PathLike = Union[str, os.PathLike]
@@ -259,18 +259,93 @@ def _weight_source(caffemodel):
                 entries.setdefault(keras_name(name), (name, blobs, None))
         f["data"].visititems(visit)
         return path, entries
+    raw: Dict[str, List[np.ndarray]] = {}
     if isinstance(caffemodel, (str, os.PathLike)):
         path = str(caffemodel)
-        weights = read_caffemodel(path)
+        try:
+            data = open(path, "rb").read()
+        except FileNotFoundError:
+            raise CaffeFormatError("caffemodel file not found", path=path,
+                                   hint="check the path") from None
+        except OSError as exc:
+            raise CaffeFormatError(f"cannot read the caffemodel: {exc.strerror}",
+                                   path=path) from None
+        weights = parse_caffemodel(data, path=path)   # protobuf validates the whole file
+        raw = _raw_blob_payloads(data)
     else:
         path, weights = "<caffemodel>", caffemodel
     for lp in weights.layer:
         if len(lp.blobs) and keras_name(lp.name) not in entries:
-            blobs = [(blob_shape(b), not b.HasField("shape"),
-                      (lambda b=b, n=lp.name: blob_array(b, path=path, layer=n)))
-                     for b in lp.blobs]
+            payloads = raw.get(lp.name)
+            if payloads is not None and len(payloads) != len(lp.blobs):
+                payloads = None
+            blobs = []
+            for i, b in enumerate(lp.blobs):
+                shape = blob_shape(b)
+                fast = payloads[i] if payloads is not None else None
+                if fast is not None and fast.size == int(np.prod(shape)) and not \
+                        len(b.double_data):
+                    get = (lambda a=fast, sh=shape: a.reshape(sh))
+                else:
+                    get = (lambda b=b, n=lp.name: blob_array(b, path=path, layer=n))
+                blobs.append((shape, not b.HasField("shape"), get))
             entries[keras_name(lp.name)] = (lp.name, blobs, lp)
     return path, entries
+
+
+def _fields(buf: bytes, start: int, end: int):
+    """(field number, wire type, value start, value end) of the fields in buf[start:end]."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 2:
+            length, pos = _varint(buf, pos)
+            yield field, wire, pos, pos + length
+            pos += length
+        elif wire == 0:
+            v0 = pos
+            _, pos = _varint(buf, pos)
+            yield field, wire, v0, pos
+        elif wire == 5:
+            yield field, wire, pos, pos + 4
+            pos += 4
+        elif wire == 1:
+            yield field, wire, pos, pos + 8
+            pos += 8
+        else:
+            raise ValueError("unsupported wire type")
+
+
+def _raw_blob_payloads(data: bytes) -> Dict[str, List[Optional[np.ndarray]]]:
+    """Zero-copy float32 views of every blob's packed ``data`` in a caffemodel's bytes, by layer
+    name (current ``layer`` = field 100: name 1, blobs 7; V1 ``layers`` = field 2: name 4,
+    blobs 6). A blob whose values are not one packed float field maps to ``None`` (the caller
+    then reads it through protobuf). The file was already validated by protobuf."""
+    out: Dict[str, List[Optional[np.ndarray]]] = {}
+    try:
+        for field, _, s, e in _fields(data, 0, len(data)):
+            if field not in (100, 2):
+                continue
+            name_field, blob_field = (1, 7) if field == 100 else (4, 6)
+            name, blobs = None, []
+            for f2, _, s2, e2 in _fields(data, s, e):
+                if f2 == name_field:
+                    name = data[s2:e2].decode("utf-8", "replace")
+                elif f2 == blob_field:
+                    chunks = [(s3, e3, w3) for f3, w3, s3, e3 in _fields(data, s2, e2)
+                              if f3 == 5]
+                    if len(chunks) == 1 and chunks[0][2] == 2:
+                        s3, e3, _ = chunks[0]
+                        blobs.append(np.frombuffer(data, dtype="<f4", count=(e3 - s3) // 4,
+                                                   offset=s3))
+                    else:
+                        blobs.append(None)
+            if name is not None and blobs and name not in out:
+                out[name] = blobs
+    except (ValueError, IndexError):
+        return {}
+    return out
 
 
 def load_weights(model_or_net, caffemodel, strict: bool = True, *,

@@ -180,3 +180,21 @@ def test_input_dim_count_is_checked():
     with pytest.raises(CaffeFormatError, match="need 4 `input_dim` values, found 3") as info:
         parse_net('input: "data"\ninput_dim: 1 input_dim: 3 input_dim: 8\n', path="i.prototxt")
     assert info.value.line == 1
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("path", ["lenet_mnist/lenet_iter_10000.caffemodel",
+                                  "cifar10_quick_v1/cifar10_quick_iter_5000.caffemodel"])
+def test_zero_copy_blob_payloads_equal_protobufs_values(path):
+    """load_weights reads packed blob payloads straight from the file bytes (current and V1
+    layouts); they must equal what protobuf decodes."""
+    from keras_cct.caffe.weights import _raw_blob_payloads
+    file = need_shared("caffe-models", *path.split("/"))
+    raw = _raw_blob_payloads(file.read_bytes())
+    net = read_caffemodel(file)
+    n = 0
+    for lp in net.layer:
+        for blob, fast in zip(lp.blobs, raw.get(lp.name, [])):
+            np.testing.assert_array_equal(fast, blob_array(blob).ravel())
+            n += 1
+    assert n == sum(len(lp.blobs) for lp in net.layer) > 0
