@@ -294,15 +294,17 @@ def local_slice(batch, shares: Sequence[float], worker_index: int, *,
     """This worker's part of one global batch, for loops that call ``train_on_batch``.
 
     Args:
-        batch: ``(x, y)`` or ``(x, y, sample_weight)`` of numpy arrays (or nested structures
-            of them), the global batch, the same on every worker.
+        batch: ``(x, y)``, ``(x, y, sample_weight)``, or ``x`` alone (e.g. a Caffe net's dict
+            of input blobs, labels included) of numpy arrays or nested structures of them: the
+            global batch, the same on every worker.
         shares: every worker's share (:func:`worker_shares`).
         worker_index: this worker.
         loss_reduction: the reduction of the compiled loss (see :func:`distribute`).
 
     Returns:
-        ``(x_local, y_local, sample_weight_local)``: pass them to ``train_on_batch`` so that
-        the all-reduced gradient is the global batch's.
+        ``(x_local, y_local, sample_weight_local)`` (``y_local`` None for an ``x``-only batch):
+        pass them to ``train_on_batch`` so that the all-reduced gradient is the global batch's
+        (a ``compute_loss`` override applies :func:`mean_loss_factor` to the weights).
     """
     import keras
     f = _check_shares(shares)
@@ -311,7 +313,7 @@ def local_slice(batch, shares: Sequence[float], worker_index: int, *,
                            f"{loss_reduction!r}")
     if not 0 <= int(worker_index) < f.size:
         raise ClusterError(f"worker index {worker_index} is not in 0..{f.size - 1}")
-    x, y, w = _unpack(batch)
+    x, y, w = _unpack(batch) if isinstance(batch, tuple) else (batch, None, None)
     n = int(np.shape(keras.tree.flatten(x)[0])[0])
     sizes = split_sizes(n, f)
     lo = int(sizes[:int(worker_index)].sum())
@@ -323,7 +325,8 @@ def local_slice(batch, shares: Sequence[float], worker_index: int, *,
     weight = np.full(hi - lo, _weights_for(hi - lo, n, f.size, loss_reduction), np.float32)
     if w is not None:
         weight = weight * np.asarray(w, np.float32)[lo:hi]
-    return keras.tree.map_structure(cut, x), keras.tree.map_structure(cut, y), weight
+    return (keras.tree.map_structure(cut, x),
+            None if y is None else keras.tree.map_structure(cut, y), weight)
 
 
 def mean_loss_factor(sample_weight):

@@ -363,6 +363,11 @@ def test_shares_and_slices_give_exact_global_weights():
     factors = [float(np.asarray(cluster.mean_loss_factor(wi))) / 3 for _, _, wi in parts]
     np.testing.assert_allclose(factors, np.array([4, 2, 1]) / 7, rtol=1e-6)
     assert cluster.mean_loss_factor(None) == 1.0
+    # a Caffe net's batch: a dict of input blobs, labels included, no y
+    blobs, none, w = cluster.local_slice({"data": x, "label": y}, shares, 1)
+    assert none is None and list(blobs["label"]) == [4, 5]
+    np.testing.assert_array_equal(blobs["data"], x[4:6])
+    np.testing.assert_allclose(w, [3 * 2 / 7] * 2, rtol=1e-6)
     _, _, w = cluster.local_slice((x, y, np.full(7, 2.0)), shares, 1, loss_reduction="sum")
     np.testing.assert_array_equal(w, [2.0, 2.0])
 
@@ -386,6 +391,7 @@ def test_local_throughput_is_the_sum_of_calibrated_devices():
     (lambda c: c.tf_config("", 0), "empty"),
     (lambda c: c.split_sizes(4, [0, 0]), "not all zero"),
     (lambda c: c.local_slice((np.zeros(3),), [1], 0), "tuple \\(x, y\\)"),
+    (lambda c: c.local_slice((np.zeros(3), np.zeros(3)), [1, 1], 2), "not in 0..1"),
     (lambda c: c.local_slice((np.zeros(3), np.zeros(3)), [1], 0, loss_reduction="mean"),
      "loss_reduction"),
 ])
