@@ -120,14 +120,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     data = cluster.distribute(mwms, global_batches(problem), shares)
 
     epochs_run: List[int] = []
-    images: List[int] = []
+    steps_done: List[int] = []
 
     class Record(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
             epochs_run.append(epoch)
 
         def on_train_batch_end(self, batch, logs=None):
-            images.append(batch)
+            steps_done.append(batch)
             if args.hang_at and [epoch_of(), batch] == [int(v) for v in
                                                         args.hang_at.split(",")]:
                 Path(args.out + ".hang").write_text(str(os.getpid()))
@@ -147,11 +147,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             batch = (problem["x"][start:start + GLOBAL_BATCH],
                      problem["y"][start:start + GLOBAL_BATCH])
             model.train_on_batch(*cluster.local_slice(batch, shares, args.index))
-            images.append(start)
+            steps_done.append(start)
     seconds = time.perf_counter() - t0
     arrays = {f"w{i}": w for i, w in enumerate(model.get_weights())}
     np.savez(args.out, shares=shares, epochs_run=np.array(epochs_run),
-             steps=np.array(len(images)), seconds=np.array(seconds),
+             steps=np.array(len(steps_done)), seconds=np.array(seconds),
              report=np.array(json.dumps(cct.report())), **arrays)
     return 0
 
