@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import keras
 import numpy as np
 
-from keras_cct.caffe import proto
+from keras_cct.caffe import proto, prototxt
 from keras_cct.caffe.data import (DataSource, merge_batches, net_data_sources, prefetch,
                                   resolve_path)
 from keras_cct.caffe.losses import HEAD_TYPES, LOSS_TYPES, head_value
@@ -153,18 +153,9 @@ def snapshot_filename(prefix: str, it: int, ext: str) -> str:
 
 
 def _atomic_write(path: str, data: bytes) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Write ``data`` atomically (temporary file, then rename), creating the folder."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    prototxt._atomic_write(path, data)
 
 
 def write_solverstate(path: str, *, it: int, learned_net: str, history: Sequence[np.ndarray],
