@@ -67,3 +67,40 @@ def add_n(tensors: List):
     for t in tensors[1:]:
         total = ops.add(total, t)
     return total
+
+
+def take_rows(x, indices):
+    """``x[:, indices, :]`` for a 3-D ``x`` and a 1-D int32 numpy ``indices`` (a gather of whole
+    rows along axis 1; Keras' ``take`` adds a pass over ``indices`` for negative values)."""
+    name = _name()
+    if name == "tensorflow":
+        import tensorflow as tf
+        return tf.gather(x, indices, axis=1)
+    if name == "torch":
+        import torch
+        idx = torch.as_tensor(indices, dtype=torch.long, device=x.device)
+        return torch.index_select(x, 1, idx)
+    return ops.take(x, indices, axis=1)
+
+
+def batch_bounds(x, parts: int, unit: int = 1) -> List:
+    """Start offsets (``parts + 1`` of them) along axis 0 of ``x`` that cut its ``n = len(x) /
+    unit`` blocks of ``unit`` rows into ``parts`` contiguous, near-equal partitions (Python ints
+    when the size is static, scalar tensors otherwise; an empty partition when ``n < parts``)."""
+    n = x.shape[0]
+    if n is None:
+        n = ops.shape(x)[0]
+    n = n // unit
+    return [(n * i) // parts * unit for i in range(parts + 1)]
+
+
+def split_batch(x, parts: int, unit: int = 1) -> List:
+    """``x`` cut along axis 0 into ``parts`` contiguous partitions (see :func:`batch_bounds`)."""
+    if parts == 1:
+        return [x]
+    bounds = batch_bounds(x, parts, unit)
+    if _name() == "tensorflow" and not isinstance(bounds[1], int):
+        import tensorflow as tf
+        sizes = tf.stack([bounds[i + 1] - bounds[i] for i in range(parts)])
+        return tf.split(x, sizes, num=parts, axis=0)
+    return [x[bounds[i]:bounds[i + 1]] for i in range(parts)]

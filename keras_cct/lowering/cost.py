@@ -8,12 +8,21 @@ which :mod:`keras_cct.lowering.planner` uses to choose a lowering without runnin
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import asdict, dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 from keras_cct.lowering.geometry import ConvGeometry
 
 LOWERED_TYPES = ("type1", "type2", "type3")
+
+#: Bytes of lowered data per batch partition (CcT's partitioning): the lowered matrix of a
+#: partition is built and multiplied while it is still in the last-level cache. Measured on
+#: CaffeNet's conv2-conv5 (``python -m benchmarks.lowering``, partition sweep): 2-7 MB of
+#: lowered data per partition is fastest on a 32 MB L3, one whole-batch matrix (37-112 MB)
+#: 5-15% slower. ``$KERAS_CCT_PARTITION_BYTES`` overrides it (0: never partition).
+PARTITION_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,40 @@ class Cost:
 
     def as_dict(self) -> Dict[str, int]:
         return asdict(self)
+
+
+def lowered_bytes_per_image(geo: ConvGeometry, lowering: str, dtype_bytes: int = 4) -> int:
+    """Bytes of one image's lowered matrix for one channel group; 0 when the lowering copies
+    nothing (an ungrouped Type 3 multiplies the padded input in place)."""
+    oh, ow, ph, pw = geo.out_h, geo.out_w, geo.padded_h, geo.padded_w
+    kh, kw, d = geo.kh, geo.kw, geo.cg
+    if lowering == "type1":
+        return oh * ow * kh * kw * d * dtype_bytes
+    if lowering == "type2":
+        return oh * pw * kh * d * dtype_bytes
+    if lowering == "type3":
+        return ph * pw * d * dtype_bytes if geo.groups > 1 else 0
+    raise ValueError(f"unknown lowering {lowering!r}; expected one of {LOWERED_TYPES}")
+
+
+def partition_bytes() -> int:
+    """Target bytes of lowered data per batch partition (:data:`PARTITION_BYTES` or
+    ``$KERAS_CCT_PARTITION_BYTES``)."""
+    env = os.environ.get("KERAS_CCT_PARTITION_BYTES")
+    return int(float(env)) if env else PARTITION_BYTES
+
+
+def partitions(geo: ConvGeometry, lowering: str, batch: Optional[int], *,
+               dtype_bytes: int = 4, target_bytes: Optional[int] = None) -> int:
+    """How many batch partitions ``lowering`` cuts a batch of ``batch`` images into: as many
+    whole images per partition as fit ``target_bytes`` of lowered data (at least one), so
+    ``ceil(batch / images_per_partition)`` partitions; 1 for an unknown batch size."""
+    target = partition_bytes() if target_bytes is None else target_bytes
+    per_image = lowered_bytes_per_image(geo, lowering, dtype_bytes)
+    if not batch or target <= 0 or per_image == 0:
+        return 1
+    images = max(1, target // per_image)
+    return max(1, math.ceil(int(batch) / images))
 
 
 def cost(geo: ConvGeometry, lowering: str, *, batch: int | None = None,

@@ -15,6 +15,12 @@ type3      lifted      lifted      (b*ph*pw, d)       x (d, kh*kw*o), kh*kw-way 
 
 (``d`` input channels per group, ``o`` filters per group, ``ph, pw`` the padded input size.)
 
+A lowering is one gather of whole channel rows of the padded input (:func:`_lower_index` lists
+them), so the lowered matrix is written in a single pass. CcT's batch partitioning: the batch is
+cut into contiguous partitions of about :data:`keras_cct.lowering.cost.PARTITION_BYTES` of
+lowered data each, and each partition is lowered and multiplied in turn while its matrix is still
+in cache (a whole-batch matrix of CaffeNet's conv2 is 112 MB per group).
+
 The gradient of a lowering is a lifting and vice versa: the adjoint of im2col is col2im, a
 shift-and-add (:func:`_unlower`), and the adjoint of a shift-and-add lifting is a lowering of the
 output gradient (:func:`_unlift`). Both are written out in :func:`lowered_conv2d`'s custom
@@ -28,11 +34,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 from keras import ops
 
 from keras_cct.lowering import _backend as B
+from keras_cct.lowering.cost import partitions as _partitions
 from keras_cct.lowering.geometry import ConvGeometry
 
 #: How each lowering treats the (height, width) axes.
@@ -102,13 +110,35 @@ def _place(t, axis: _Axis, i: int):
     return ops.pad(t, pads)
 
 
-def _lower(xp, axes: Sequence[_Axis], mode) -> List:
-    """Replicate the input along the lowered axes: one slice per tap, in (height, width) order."""
-    lowered = [a for a, m in zip(axes, mode) if m == "lower"]
-    pieces = []
-    for taps in itertools.product(*[range(a.k) for a in lowered]):
-        pieces.append(xp[_index(**{f"d{a.dim}": a.tap(i) for a, i in zip(lowered, taps)})])
-    return pieces
+def _lower_index(axes: Sequence[_Axis], mode, groups: int, g: int) -> np.ndarray:
+    """Rows of the padded input (viewed as ``(ph * pw * groups, cg)`` per image) that make up
+    group ``g``'s lowered matrix, in its row-major order: output rows along lowered axes and
+    input positions along lifted axes, then the taps of the lowered axes in (height, width)
+    order. One gather of these rows is the whole lowering (im2col in one pass)."""
+    per_axis = []
+    for a, m in zip(axes, mode):
+        if m == "lower":  # (out, k): position of tap i for output o
+            per_axis.append(np.arange(a.out)[:, None] * a.s + np.arange(a.k)[None, :] * a.d)
+        else:  # every padded position, no taps
+            per_axis.append(np.arange(a.size)[:, None])
+    (hpos, wpos), width = per_axis, axes[1].size
+    pos = (hpos[:, None, :, None] * width + wpos[None, :, None, :])  # (H, W, th, tw)
+    return (pos.reshape(-1) * groups + g).astype(np.int32)
+
+
+def _lower(xp, axes: Sequence[_Axis], mode, groups: int, g: int, channels: int):
+    """Group ``g``'s lowered matrix of ``xp``: ``(b * rows, taps * channels)`` (Type 1: im2col;
+    Type 2: along the height only; Type 3: the padded input itself)."""
+    ph, pw = axes[0].size, axes[1].size
+    if groups == 1 and all(m == "lift" for m in mode):
+        return ops.reshape(xp, (-1, channels))
+    taps = 1
+    for a, m in zip(axes, mode):
+        if m == "lower":
+            taps *= a.k
+    flat = ops.reshape(xp, (-1, ph * pw * groups, channels))
+    cols = B.take_rows(flat, _lower_index(axes, mode, groups, g))
+    return ops.reshape(cols, (-1, taps * channels))
 
 
 def _unlower(dcols, axes: Sequence[_Axis], mode, channels: int):
@@ -185,12 +215,23 @@ def _kernel_from_matrix(m, permuted_shape, mode):
     return ops.transpose(k, inverse)
 
 
+def _rows_shape(axes: Sequence[_Axis], mode) -> List[int]:
+    """``[-1, H, W]`` of the GEMM's rows: output size along lowered axes, padded size along
+    lifted ones."""
+    return [-1] + [a.out if m == "lower" else a.size for a, m in zip(axes, mode)]
+
+
 def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
-                   custom_gradient: bool = True):
+                   custom_gradient: bool = True, partitions: Optional[int] = None):
     """Convolution of channels-last ``x`` with ``kernel`` (kh, kw, d/groups, o) by ``lowering``.
 
     No bias: callers add it. Differentiable on every backend, with the gradient written out
     (``custom_gradient=False`` leaves it to autodiff, for comparison in the benchmarks).
+
+    The batch is cut into ``partitions`` contiguous partitions (CcT's batch partitioning): each
+    is lowered and multiplied by the kernel in turn, so its lowered matrix is still in cache
+    when the GEMM reads it. None: :func:`keras_cct.lowering.cost.partitions` for the static
+    batch size (about 4 MB of lowered data per partition; 1 when the batch size is unknown).
     """
     mode = MODES[lowering]
     axes = _axes(geo)
@@ -202,32 +243,41 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
     for a, m in zip(axes, mode):
         if m == "lift":
             lifted_taps *= a.k
+    rows_shape = _rows_shape(axes, mode)
+    rows_per_image = rows_shape[1] * rows_shape[2]
+    if partitions is None:
+        partitions = _partitions(geo, lowering, x.shape[0])
+    parts = max(int(partitions), 1)
 
     def group_slice(t, g, width):
         return t[..., g * width:(g + 1) * width] if groups > 1 else t
 
+    def concat_rows(ts):
+        return ops.concatenate(ts, axis=0) if len(ts) > 1 else ts[0]
+
     def forward(x, kernel):
         xp = ops.pad(x, pads) if padded else x
+        xparts = B.split_batch(xp, parts)
         outs, saved = [], []
         for g in range(groups):
-            pieces = _lower(group_slice(xp, g, cg), axes, mode)
-            cols = ops.concatenate(pieces, axis=-1) if len(pieces) > 1 else pieces[0]
-            rows_shape = _static_shape(cols)
-            cols2d = ops.reshape(cols, (-1, rows_shape[-1]))
             wm, wshape = _kernel_matrix(group_slice(kernel, g, og), mode)
-            p = ops.reshape(B.matmul(cols2d, wm), rows_shape[:3] + [lifted_taps * og])
+            cols = [_lower(xq, axes, mode, groups, g, cg) for xq in xparts]
+            p = concat_rows([B.matmul(c, wm) for c in cols])
+            p = ops.reshape(p, rows_shape + [lifted_taps * og])
             outs.append(_lift(p, axes, mode, og))
-            saved.append((cols2d, wm, wshape, rows_shape))
+            saved.append((cols, wm, wshape))
         y = ops.concatenate(outs, axis=-1) if groups > 1 else outs[0]
         return y, saved
 
     def backward(dy, saved):
         dxs, dks = [], []
-        for g, (cols2d, wm, wshape, rows_shape) in enumerate(saved):
+        for g, (cols, wm, wshape) in enumerate(saved):
             dp = _unlift(group_slice(dy, g, og), axes, mode)
             dp2d = ops.reshape(dp, (-1, lifted_taps * og))
-            dks.append(_kernel_from_matrix(B.matmul_tn(cols2d, dp2d), wshape, mode))
-            dcols = ops.reshape(B.matmul_nt(dp2d, wm), rows_shape)
+            dparts = B.split_batch(dp2d, parts, unit=rows_per_image)
+            dk = B.add_n([B.matmul_tn(c, d) for c, d in zip(cols, dparts)])
+            dks.append(_kernel_from_matrix(dk, wshape, mode))
+            dcols = ops.reshape(B.matmul_nt(dp2d, wm), rows_shape + [int(wm.shape[0])])
             dxs.append(_unlower(dcols, axes, mode, cg))
         dxp = ops.concatenate(dxs, axis=-1) if groups > 1 else dxs[0]
         if padded:

@@ -26,7 +26,7 @@ from keras_cct.lowering.cost import LOWERED_TYPES, Machine, cost, estimate_secon
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 
 ALL_LOWERINGS = LOWERED_TYPES + ("native",)
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: gather lowering with batch partitions
 
 
 def cache_dir() -> Path:

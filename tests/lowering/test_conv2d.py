@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from keras_cct.errors import LoweringError
-from keras_cct.lowering import ALL_LOWERINGS, conv2d
+from keras_cct.lowering import ALL_LOWERINGS, conv2d, conv_geometry
+from keras_cct.lowering.engine import lowered_conv2d
 from tests import reference as ref
 from tests.backend_grads import to_numpy
 
@@ -25,8 +26,14 @@ CASES = {
 }
 
 
-def _run(lowering, x, k, kwargs, dy):
-    """(y, dx, dk) of sum(conv2d(x, k) * dy) on the current backend, in float64."""
+def _run(lowering, x, k, kwargs, dy, conv=None):
+    """(y, dx, dk) of sum(conv2d(x, k) * dy) on the current backend, in float64
+    (``conv(x, k)`` instead of ``conv2d`` when given)."""
+    if conv is not None:
+        def conv2d(a, b, **_):  # noqa: F811 -- the given function replaces the front
+            return conv(a, b)
+    else:
+        from keras_cct.lowering import conv2d
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
@@ -69,6 +76,70 @@ def test_matches_float64_reference(case, lowering):
     assert y.dtype == np.float64
     assert y.shape == y_ref.shape
     assert ref.rel_err(y, y_ref) < 1e-12
+    assert ref.rel_err(dx, dx_ref) < 1e-12
+    assert ref.rel_err(dk, dk_ref) < 1e-12
+
+
+@pytest.mark.parametrize("lowering", ("type1", "type2", "type3"))
+@pytest.mark.parametrize("batch,parts", [(5, 2), (5, 5), (2, 3)])
+def test_batch_partitions_match_reference(lowering, batch, parts):
+    """CcT's batch partitioning: uneven partitions, one image each, and more partitions than
+    images (empty ones) give the same outputs and gradients."""
+    xs, ks, kwargs = (batch, 9, 8, 6), (3, 2, 3, 8), dict(groups=2, strides=(2, 1), padding=1)
+    rng = np.random.default_rng(batch * 10 + parts)
+    x, k = rng.standard_normal(xs), rng.standard_normal(ks)
+    geo = conv_geometry(xs, ks, **kwargs)
+    ref_kw = dict(strides=(2, 1), padding=1, groups=2)
+    y_ref = ref.conv2d(x, k, **ref_kw)
+    dy = rng.standard_normal(y_ref.shape)
+    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, **ref_kw)
+    y, dx, dk = _run(lowering, x, k, kwargs, dy, conv=lambda a, b: lowered_conv2d(
+        a, b, geo, lowering, partitions=parts))
+    assert ref.rel_err(y, y_ref) < 1e-12
+    assert ref.rel_err(dx, dx_ref) < 1e-12
+    assert ref.rel_err(dk, dk_ref) < 1e-12
+
+
+def test_partitions_follow_the_byte_target(monkeypatch):
+    """The default partition count puts about ``$KERAS_CCT_PARTITION_BYTES`` of lowered data in
+    each partition: here one image each (7 partitions for a batch of 7)."""
+    from keras_cct.lowering.cost import lowered_bytes_per_image, partitions
+    geo = conv_geometry((7, 9, 9, 4), (3, 3, 4, 5), padding=1)
+    per_image = lowered_bytes_per_image(geo, "type1", 8)
+    assert per_image == 9 * 9 * 3 * 3 * 4 * 8  # output pixels x taps x channels x float64
+    monkeypatch.setenv("KERAS_CCT_PARTITION_BYTES", str(per_image))
+    assert partitions(geo, "type1", 7, dtype_bytes=8) == 7
+    assert partitions(geo, "type1", None) == 1
+    monkeypatch.setenv("KERAS_CCT_PARTITION_BYTES", str(3 * per_image))
+    assert partitions(geo, "type1", 7, dtype_bytes=8) == 3  # 3 + 3 + 1 images
+    monkeypatch.setenv("KERAS_CCT_PARTITION_BYTES", "0")
+    assert partitions(geo, "type1", 7) == 1
+    assert partitions(geo, "type3", 7) == 1  # an ungrouped Type 3 lowers nothing
+
+
+def test_partitions_with_unknown_batch_size_tensorflow():
+    """Under tf.function with a None batch dimension the partitions are cut at run time."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("dynamic batch sizes inside a traced function are TensorFlow's case")
+    import tensorflow as tf
+    xs, ks = (5, 8, 8, 4), (3, 3, 4, 6)
+    geo = conv_geometry((None, 8, 8, 4), ks, padding=1)
+    rng = np.random.default_rng(3)
+    x, k = rng.standard_normal(xs), rng.standard_normal(ks)
+    dy = rng.standard_normal((5, 8, 8, 6))
+
+    @tf.function(input_signature=[tf.TensorSpec((None, 8, 8, 4), tf.float64),
+                                  tf.TensorSpec(ks, tf.float64)])
+    def run(a, b):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            y = lowered_conv2d(a, b, geo, "type1", partitions=3)
+            loss = tf.reduce_sum(y * dy)
+        return (y, *tape.gradient(loss, [a, b]))
+
+    y, dx, dk = (t.numpy() for t in run(tf.constant(x), tf.constant(k)))
+    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, padding=1)
+    assert ref.rel_err(y, ref.conv2d(x, k, padding=1)) < 1e-12
     assert ref.rel_err(dx, dx_ref) < 1e-12
     assert ref.rel_err(dk, dk_ref) < 1e-12
 
