@@ -104,3 +104,19 @@ def split_batch(x, parts: int, unit: int = 1) -> List:
         sizes = tf.stack([bounds[i + 1] - bounds[i] for i in range(parts)])
         return tf.split(x, sizes, num=parts, axis=0)
     return [x[bounds[i]:bounds[i + 1]] for i in range(parts)]
+
+
+def segment_sum(data, segment_ids, num_segments: int):
+    """Sum of the rows (axis 0) of ``data`` by a 1-D int32 numpy ``segment_ids``, in ``data``'s
+    own dtype (Keras' torch ``segment_sum`` computes in float32)."""
+    name = _name()
+    if name == "tensorflow":
+        import tensorflow as tf
+        return tf.math.unsorted_segment_sum(data, segment_ids, num_segments)
+    if name == "torch":
+        import torch
+        ids = torch.as_tensor(segment_ids, dtype=torch.long, device=data.device)
+        out = torch.zeros((num_segments,) + tuple(data.shape[1:]), dtype=data.dtype,
+                          device=data.device)
+        return out.index_add(0, ids, data)
+    return ops.segment_sum(data, segment_ids, num_segments=num_segments)

@@ -23,6 +23,9 @@ CASES = {
     "stride_and_dilation": ((2, 12, 12, 4), (3, 3, 4, 6), dict(strides=2, dilation_rate=2,
                                                                padding=1)),
     "groups4_even": ((1, 8, 8, 8), (2, 2, 2, 8), dict(groups=4, padding="same")),
+    # >= SEGMENT_COL2IM_CHANNELS channels per group: col2im by shifted additions
+    "wide_channels": ((2, 6, 7, 20), (3, 3, 20, 4), dict(padding=1)),
+    "wide_groups_s2": ((1, 7, 7, 32), (3, 2, 16, 6), dict(groups=2, strides=2, padding=1)),
 }
 
 
