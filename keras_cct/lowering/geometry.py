@@ -9,7 +9,7 @@ All shapes are channels-last: input ``(batch, height, width, channels)``, kernel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 from keras_cct.errors import LoweringError
 
@@ -129,6 +129,16 @@ class ConvGeometry:
     def og(self) -> int:
         """Filters per group."""
         return self.filters // self.groups
+
+    @property
+    def keras_padding(self) -> Optional[str]:
+        """``"valid"`` or ``"same"`` when the backend's own padding mode computes this padding
+        (``"same"`` only for symmetric pads, where every backend's "same" agrees), else None."""
+        if self.pad == ((0, 0), (0, 0)):
+            return "valid"
+        (t, b), (l, r) = self.pad
+        same = (_same_pads(self.in_h, self.ekh, self.sh), _same_pads(self.in_w, self.ekw, self.sw))
+        return "same" if self.pad == same and t == b and l == r else None
 
     def flops(self, batch: int | None = None) -> int:
         """Multiply-add flops (x2) of the direct convolution for ``batch`` images."""

@@ -18,9 +18,6 @@ MAX_SPLIT_GROUPS = 16
 
 def native_conv2d(x, kernel, geo: ConvGeometry):
     """``x`` (b, h, w, c) convolved with ``kernel`` (kh, kw, c/groups, o) by the backend's op."""
-    (pt, pb), (pl, pr) = geo.pad
-    if pt or pb or pl or pr:
-        x = ops.pad(x, [[0, 0], [pt, pb], [pl, pr], [0, 0]])
     strides = (geo.sh, geo.sw)
     dilation = (geo.dh, geo.dw)
     subsample = None
@@ -28,15 +25,22 @@ def native_conv2d(x, kernel, geo: ConvGeometry):
         # Backends reject stride > 1 together with dilation > 1 (Caffe allows it): convolve at
         # stride 1 and keep every s-th output.
         subsample, strides = strides, (1, 1)
+    # The backend pads inside its convolution when its own mode gives the same padding (no
+    # padded copy of the input, no slicing of its gradient); otherwise pad explicitly.
+    padding = geo.keras_padding if subsample is None else None
+    if padding is None:
+        (pt, pb), (pl, pr) = geo.pad
+        x = ops.pad(x, [[0, 0], [pt, pb], [pl, pr], [0, 0]])
+        padding = "valid"
 
     def conv(inp, k):
-        return ops.conv(inp, k, strides=strides, padding="valid", dilation_rate=dilation)
+        return ops.conv(inp, k, strides=strides, padding=padding, dilation_rate=dilation)
 
     if geo.groups == 1:
         y = conv(x, kernel)
     elif geo.cg == 1:
         k = ops.reshape(kernel, (geo.kh, geo.kw, geo.channels, geo.og))
-        y = ops.depthwise_conv(x, k, strides=strides, padding="valid", dilation_rate=dilation)
+        y = ops.depthwise_conv(x, k, strides=strides, padding=padding, dilation_rate=dilation)
     elif geo.groups <= MAX_SPLIT_GROUPS:
         cg, og = geo.cg, geo.og
         y = ops.concatenate(
