@@ -22,10 +22,22 @@ set). Both are written to a temporary file, flushed, then renamed, so an interru
 leaves the previous one intact. Restoring loads the weights and the history and fast-forwards
 the data sources, so a resumed run follows the same trajectory as an uninterrupted one (nets with
 Dropout excepted: Keras' dropout random state is not part of Caffe's solverstate).
+
+Devices and workers. ``Solver(strategy=CCTStrategy(...))`` builds the nets inside the strategy's
+scope, so each convolution's batch is split across those devices (CcT's hybrid execution).
+``Solver(cluster=mwms)`` (a ``MultiWorkerMirroredStrategy`` from
+:func:`keras_cct.strategy.cluster.configure`) trains data-parallel across processes: every
+worker reads the same global batches (the prototxt's ``batch_size`` is the *global* batch, so a
+run reproduces a single-process run), trains on its slice, sized by the workers' measured
+throughputs, and TensorFlow all-reduces the gradients; the loss is scaled by the slice's share
+of the global batch, so the summed gradient is the global batch's mean gradient. Every worker
+writes the same snapshots (identical weights, written atomically: a shared folder holds one
+copy, separate machines one each); only worker 0 runs the test nets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -86,6 +98,20 @@ def _as_head(h) -> Head:
     return Head(h.name, h.type, list(h.bottoms), tops[0], float(h.loss_weight), param)
 
 
+def _with_batch(tensor, batch):
+    """``tensor`` with its static batch size restored when a layer lost it.
+
+    A CCTStrategy-bound convolution joins shards of run-time sizes, so TensorFlow no longer
+    knows the batch size statically; Caffe's loss layers read it from the static shape."""
+    if batch is None or keras.backend.backend() != "tensorflow":
+        return tensor
+    shape = getattr(tensor, "shape", None)
+    if shape is None or shape.rank is None or shape.rank == 0 or shape[0] is not None:
+        return tensor
+    tensor.set_shape([batch] + [None] * (shape.rank - 1))
+    return tensor
+
+
 class CaffeTrainModel(keras.Model):
     """A Keras model that runs an imported net and computes its Caffe loss and metric heads.
 
@@ -115,11 +141,12 @@ class CaffeTrainModel(keras.Model):
     def call(self, inputs, training=False):
         feed = [inputs[name] for name in self.input_blobs]
         outs = self.net(feed if len(feed) > 1 else feed[0], training=training)
+        batch = getattr(feed[0], "shape", (None,))[0] if feed else None
         if isinstance(outs, dict):
-            return dict(outs)
+            return {k: _with_batch(v, batch) for k, v in outs.items()}
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
-        return dict(zip(self.output_blobs, outs))
+        return dict(zip(self.output_blobs, (_with_batch(o, batch) for o in outs)))
 
     def head_values(self, x, y_pred) -> List:
         blobs = dict(x)
@@ -134,13 +161,26 @@ class CaffeTrainModel(keras.Model):
         return values
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """``sum(loss_weight * head)`` over the heads (each a mean over the batch, as in Caffe).
+
+        ``sample_weight`` is only given by a multi-worker run: the weights of
+        :func:`keras_cct.strategy.cluster.local_slice`, which scale this worker's mean to its
+        share of the global batch's mean (see :func:`~keras_cct.strategy.cluster.
+        mean_loss_factor`); the head metrics are scaled alike so that their average over the
+        workers is the global batch's value.
+        """
         values = self.head_values(x, y_pred)
+        factor, share = 1.0, 1.0
+        if sample_weight is not None:
+            from keras_cct.strategy.cluster import mean_loss_factor
+            factor = mean_loss_factor(sample_weight)
+            share = keras.ops.mean(keras.ops.cast(sample_weight, "float32"))
         total = 0.0
         for h, v, m in zip(self.heads, values, self.head_metrics):
-            m.update_state(v)
+            m.update_state(v * share if sample_weight is not None else v)
             if h.loss_weight:
                 total = total + h.loss_weight * v
-        return total
+        return total * factor if sample_weight is not None else total
 
 
 # ----------------------------------------------------------------------------------------------
@@ -304,18 +344,33 @@ class Solver:
             an object with ``model`` (default :func:`keras_cct.caffe.build_net`).
         log: where log lines go (default: print to stdout).
         progress: show a tqdm progress bar between display lines.
+        snapshot_prefix: overrides the solver's ``snapshot_prefix``.
+        strategy: a :class:`~keras_cct.CCTStrategy`: the nets are built in its scope, so each
+            HybridConv2D splits its batch across the strategy's devices.
+        cluster: a ``MultiWorkerMirroredStrategy`` from :func:`keras_cct.strategy.cluster.
+            configure`: train data-parallel with the other workers (see the module docstring).
+        shares: each worker's share of a global batch (default: from the workers' measured
+            throughputs, :func:`~keras_cct.strategy.cluster.worker_shares`).
     """
 
     def __init__(self, config, *, weights: Optional[str] = None,
                  arrays: Optional[Mapping[str, np.ndarray]] = None,
                  test_arrays: Optional[Mapping[str, np.ndarray]] = None,
                  build: Optional[Callable] = None, log: Optional[Callable[[str], None]] = None,
-                 progress: bool = False, snapshot_prefix: Optional[str] = None) -> None:
+                 progress: bool = False, snapshot_prefix: Optional[str] = None,
+                 strategy=None, cluster=None, shares: Optional[Sequence[float]] = None
+                 ) -> None:
         if not isinstance(config, SolverConfig):
             config = solver_config(config)
         self.config = config
         self.param = p = config.param
         self.path = config.path
+        self.strategy = strategy
+        self.cluster = cluster
+        self.worker_index = 0
+        if cluster is not None:
+            resolver = getattr(cluster, "cluster_resolver", None)
+            self.worker_index = int(resolver.task_id or 0) if resolver is not None else 0
         self.log = log or self._print
         self.progress = progress
         self.iter = 0
@@ -334,11 +389,12 @@ class Solver:
         self.train_sources = net_data_sources(self.train_param, phase="TRAIN",
                                               base_dirs=config.base_dirs, seed=self._seed,
                                               arrays=arrays)
-        self.train_net = self._build_net(self.train_param, "TRAIN",
-                                         list(p.train_state.stage), self.train_sources)
-        self.train_model = CaffeTrainModel(self.train_net.model, self._heads(self.train_net,
-                                           self.train_param), _output_blobs(self.train_net),
-                                           _input_blobs(self.train_net), name="train_net")
+        with self.scope():
+            self.train_net = self._build_net(self.train_param, "TRAIN",
+                                             list(p.train_state.stage), self.train_sources)
+            self.train_model = CaffeTrainModel(
+                self.train_net.model, self._heads(self.train_net, self.train_param),
+                _output_blobs(self.train_net), _input_blobs(self.train_net), name="train_net")
         # TEST nets
         self.test_params, self.test_sources, self.test_nets = [], [], []
         n_tests = len(p.test_iter)
@@ -352,7 +408,8 @@ class Solver:
             tp = self._filter(separate[i] if separate else self.net_param, "TEST", stages)
             srcs = net_data_sources(tp, phase="TEST", base_dirs=config.base_dirs,
                                     seed=self._seed, arrays=test_arrays)
-            tnet = self._build_net(tp, "TEST", stages, srcs)
+            with self.scope(train=False):
+                tnet = self._build_net(tp, "TEST", stages, srcs)
             self.test_params.append(tp)
             self.test_sources.append(srcs)
             self.test_nets.append(CaffeTrainModel(tnet.model, self._heads(tnet, tp),
@@ -363,10 +420,31 @@ class Solver:
 
         # optimizer
         specs = self._param_specs()
-        self.optimizer: CaffeOptimizer = config.optimizer(specs)
         self.schedule = config.schedule()
-        self.train_model.compile(optimizer=self.optimizer, jit_compile="auto")
-        self.optimizer.build(self.train_model.trainable_variables)
+        with self.scope():  # a Keras optimizer binds to the distribution strategy it is made in
+            self.optimizer: CaffeOptimizer = config.optimizer(specs)
+            self.train_model.compile(optimizer=self.optimizer, jit_compile="auto")
+            self.optimizer.build(self.train_model.trainable_variables)
+        self.shares = None
+        if cluster is not None:
+            from keras_cct.strategy import cluster as _cluster
+            n_workers = _cluster._check_one_replica(cluster)
+            if shares is not None:
+                self.shares = _cluster._check_shares(shares)
+                if self.shares.size != n_workers:
+                    raise _cluster.ClusterError(
+                        f"`shares` has {self.shares.size} entries for {n_workers} workers "
+                        f"(give one per worker, the same on every worker)")
+            else:
+                self.shares = _cluster.worker_shares(cluster,
+                                                     _cluster.local_throughput(strategy))
+            if self.optimizer.clip_gradients >= 0:
+                self.log("Warning: clip_gradients with several workers clips each worker's "
+                         "gradient by its own norm before the all-reduce (Keras' optimizer "
+                         "order), not the global gradient as one process would; the run "
+                         "differs from a single-process run whenever clipping is active")
+            self.log(f"Worker {self.worker_index} of {len(self.shares)}: share of each "
+                     f"global batch {self.shares[self.worker_index]:.3f}")
         self._batches = self._train_batches(0)
         self._losses: List[float] = []
         self.smoothed_loss = 0.0
@@ -374,8 +452,26 @@ class Solver:
         self.train_seconds = 0.0
         self.last_test: Optional[Tuple[int, int, Dict[str, float]]] = None
 
+    def scope(self, train: bool = True):
+        """The context the nets are built and compiled in: the cluster's scope (TRAIN net only;
+        test nets run on worker 0 alone, outside the collective) around the strategy's."""
+        if self.cluster is not None and train:
+            from keras_cct.strategy import cluster as _cluster
+            return _cluster.scope(self.cluster, self.strategy)
+        if self.strategy is not None:
+            return self.strategy.scope()
+        return contextlib.nullcontext()
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process runs the test nets (worker 0, or the only process)."""
+        return self.worker_index == 0
+
     def _print(self, line: str) -> None:
-        """Default log: stdout, written around the progress bar when one is shown."""
+        """Default log: stdout, written around the progress bar when one is shown; lines of
+        workers other than 0 start with ``[worker I]`` (worker 0's log reads like Caffe's)."""
+        if self.worker_index:
+            line = f"[worker {self.worker_index}] {line}"
         if self.progress:
             from tqdm import tqdm
             tqdm.write(line, file=sys.stdout)
@@ -600,7 +696,11 @@ class Solver:
 
     def _train_batch(self) -> Dict[str, float]:
         batch = next(self._batches)
-        return self.train_model.train_on_batch(batch, return_dict=True)
+        if self.cluster is None:
+            return self.train_model.train_on_batch(batch, return_dict=True)
+        from keras_cct.strategy import cluster as _cluster
+        x, _, weight = _cluster.local_slice(batch, self.shares, self.worker_index)
+        return self.train_model.train_on_batch(x, sample_weight=weight, return_dict=True)
 
     def _output_lines(self, model: CaffeTrainModel, values: Sequence[float], kind: str
                       ) -> List[str]:
@@ -631,7 +731,7 @@ class Solver:
         t_start = time.perf_counter()
         batch_size = sum(s.batch_size for s in self.train_sources[:1]) or 1
         while self.iter < stop_iter:
-            if p.test_interval and self.iter % p.test_interval == 0 and (
+            if p.test_interval and self.iter % p.test_interval == 0 and self.is_chief and (
                     self.iter > 0 or p.test_initialization):
                 t0 = time.perf_counter()
                 self.test_all()
@@ -710,7 +810,7 @@ class Solver:
         self.step(max(p.max_iter - self.iter, 0))
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
-        if p.test_interval and self.iter % p.test_interval == 0:
+        if p.test_interval and self.iter % p.test_interval == 0 and self.is_chief:
             self.test_all()
         self.log("Optimization Done.")
 

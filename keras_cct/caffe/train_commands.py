@@ -1,7 +1,10 @@
 """``cct train``, ``cct test``, ``cct time`` and ``cct data``: Caffe's command line on Keras.
 
 * ``cct train --solver S [--weights W.caffemodel | --snapshot S.solverstate]`` -- like
-  ``caffe train``: Caffe's log lines, snapshots, resume.
+  ``caffe train``: Caffe's log lines, snapshots, resume. ``--devices a,b --split ...`` splits
+  each convolution's batch across devices (:class:`~keras_cct.CCTStrategy`); ``--workers
+  h:p,h:p --worker-index I`` trains data-parallel across processes
+  (:mod:`keras_cct.strategy.cluster`), the solver's ``batch_size`` being the global batch.
 * ``cct test --model NET --weights W --iterations N`` -- like ``caffe test``.
 * ``cct time --model NET --iterations N`` -- like ``caffe time``: per-layer forward and backward
   milliseconds, and the lowering each convolution uses.
@@ -24,17 +27,26 @@ import numpy as np
 from keras_cct.errors import DataError, KerasCCTError
 
 
+def _device_names(devices: Optional[str]) -> List[str]:
+    """``--devices a,b,c`` as a list of names (empty when not given)."""
+    return [d.strip() for d in (devices or "").split(",") if d.strip()]
+
+
 def _set_lowering_and_device(model, lowering: Optional[str], devices: Optional[str]) -> None:
-    """Apply ``--lowering`` / ``--devices`` to every HybridConv2D of ``model``."""
+    """Apply ``--lowering`` / one ``--devices`` name to every HybridConv2D of ``model``.
+
+    Several devices need a :class:`~keras_cct.CCTStrategy` built before the net (``cct train``
+    does that); the commands that run one net on one device refuse them here."""
     if not lowering and not devices:
         return
     device = None
     if devices:
-        names = [d.strip() for d in devices.split(",") if d.strip()]
+        names = _device_names(devices)
         if len(names) > 1:
             raise KerasCCTError(
-                f"--devices {devices}: training over several devices needs CCTStrategy, which "
-                f"this installation does not provide yet; give one device")
+                f"--devices {devices}: several devices are supported by `cct train` (a "
+                f"CCTStrategy splits each convolution's batch); this command runs one net on "
+                f"one device: give one name")
         device = None if names[0] in ("cpu", "auto", "keras") else names[0]
     from keras_cct.lowering import check_lowering  # type: ignore[attr-defined]
     for layer in model.layers:
@@ -86,22 +98,139 @@ def _parse_shapes(items) -> dict:
     return shapes
 
 
+def _parse_split(split: Optional[str], names: List[str]):
+    """``--split``: ``"flops"``, ``"measure"`` or one fraction per device."""
+    text = (split or "flops").strip()
+    if text in ("flops", "measure"):
+        return text
+    try:
+        fractions = [float(v) for v in text.split(",")]
+    except ValueError:
+        fractions = []
+    if len(fractions) != len(names) or not all(np.isfinite(f) and f >= 0 for f in fractions) \
+            or sum(fractions) <= 0:
+        raise KerasCCTError(f"--split {split}: expected 'flops', 'measure' or one non-negative "
+                            f"fraction per device ({len(names)}: {','.join(names)}), e.g. "
+                            f"--split {','.join(['0.5'] * len(names))}")
+    return fractions
+
+
+def _cluster_args(args: argparse.Namespace):
+    """``(workers, index, shares)`` from ``--workers/--worker-index/--worker-shares``, checked
+    without touching TensorFlow (None without ``--workers``)."""
+    from keras_cct.strategy.cluster import ClusterError, parse_workers, tf_config
+    workers, index = args.workers, args.worker_index
+    if workers is None and index is None:
+        if args.worker_shares:
+            raise ClusterError("--worker-shares needs --workers and --worker-index")
+        return None
+    if workers is None:
+        raise ClusterError("--worker-index needs --workers host:port,host:port,... (every "
+                           "worker's address, the same list on every worker)")
+    if index is None:
+        raise ClusterError(f"--workers {workers} needs --worker-index I (this worker's position "
+                           f"in the list, from 0)")
+    items = parse_workers(workers)
+    tf_config(items, index)  # the index is in range
+    shares = None
+    if args.worker_shares:
+        try:
+            shares = [float(v) for v in args.worker_shares.split(",")]
+        except ValueError:
+            shares = []
+        if len(shares) != len(items) or not all(np.isfinite(v) and v > 0 for v in shares):
+            raise ClusterError(f"--worker-shares {args.worker_shares}: give one positive number "
+                               f"per worker ({len(items)}), the same on every worker")
+        shares = list(np.asarray(shares) / sum(shares))
+    return items, index, shares
+
+
+def _strategy_table(strategy, model) -> List[str]:
+    """The CCTStrategy's split of ``model``'s convolutions at the end of training: one line per
+    layer and device (the TEST nets' layers of the same names have their own plans and are
+    left out)."""
+    lines = ["CCTStrategy split of the TRAIN net (fractions now; images and forward ms of the "
+             "last step):",
+             f"{'layer':>16} {'device':>14} {'fraction':>8} {'images':>6} {'ms':>8}"]
+    plans = getattr(strategy, "_plans", {})
+    count = 0
+    for layer in model.layers:
+        if type(layer).__name__ != "HybridConv2D" or id(layer) not in plans:
+            continue
+        plan = plans[id(layer)]
+        for i, (name, fraction) in enumerate(strategy.fractions(layer).items()):
+            state = "" if strategy.active[i] else "  (dropped)"
+            lines.append(f"{layer.name:>16} {name:>14} {fraction:8.3f} "
+                         f"{int(plan.sizes[i]):6d} {float(plan.last_ms[i]):8.2f}{state}")
+            count += 1
+    if not count:
+        lines.append("  (no convolution ran under the strategy)")
+    return lines
+
+
+def _is_tf_op_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a TensorFlow runtime error (a failed collective, a dead peer)."""
+    errors = getattr(sys.modules.get("tensorflow"), "errors", None)
+    return errors is not None and isinstance(exc, errors.OpError)
+
+
 def _train(args: argparse.Namespace) -> int:
-    from keras_cct.caffe.solver import load_solver
+    """``cct train``. Order matters with ``--workers``: every argument is checked first, then
+    the cluster is configured before any TensorFlow operation, then the nets are built."""
     if args.weights and args.snapshot:
         raise KerasCCTError("give either --weights or --snapshot, not both "
                             "(caffe train refuses both too)")
+    names = _device_names(args.devices)
+    if args.split is not None and len(names) < 2:
+        raise KerasCCTError(f"--split {args.split} splits a batch across several --devices "
+                            f"(e.g. --devices tf:cpu:0,opencl:0:0); give them or drop --split")
+    split = _parse_split(args.split, names) if len(names) > 1 else None
+    spec = _cluster_args(args)
+    mwms = None
+    prefix = ""
+    if spec is not None:
+        from keras_cct.strategy import cluster
+        workers, index, shares = spec
+        mwms = cluster.configure(workers, index)  # before any other TensorFlow operation
+        prefix = f"[worker {index}] " if index else ""
+    strategy = None
+    if len(names) > 1:
+        from keras_cct.strategy.core import CCTStrategy
+        try:
+            strategy = CCTStrategy(names, split=split, rebalance=not args.no_rebalance)
+        except KerasCCTError:
+            raise
+        except ValueError as exc:
+            raise KerasCCTError(f"--devices {args.devices}: {exc}") from None
+    from keras_cct.caffe.solver import load_solver
     solver = load_solver(args.solver, weights=args.weights, progress=args.progress,
-                         snapshot_prefix=args.snapshot_prefix)
+                         snapshot_prefix=args.snapshot_prefix, strategy=strategy, cluster=mwms,
+                         shares=None if spec is None else spec[2])
+    one_device = args.devices if len(names) == 1 else None
     for m in [solver.train_model.net] + [t.net for t in solver.test_nets]:
-        _set_lowering_and_device(m, args.lowering, args.devices)
-    if args.lowering or args.devices:  # recompile with the new layer settings
-        solver.train_model.compile(optimizer=solver.optimizer, jit_compile="auto")
+        _set_lowering_and_device(m, args.lowering, one_device)
+    if args.lowering or one_device:  # recompile with the new layer settings
+        with solver.scope():
+            solver.train_model.compile(optimizer=solver.optimizer, jit_compile="auto")
     t0 = time.perf_counter()
-    solver.solve(resume_file=args.snapshot)
-    print(f"Training: {solver.images_per_second:.1f} images/s "
+    try:
+        solver.solve(resume_file=args.snapshot)
+    except Exception as exc:
+        if mwms is None or not _is_tf_op_error(exc):
+            raise
+        from keras_cct.strategy.cluster import ClusterError
+        last = solver.snapshot_prefix + "_iter_N.solverstate"
+        raise ClusterError(
+            f"worker {spec[1]} stopped at iteration {solver.iter}: a collective with the other "
+            f"workers failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0]}); a "
+            f"worker is gone or unreachable. Restart every worker with --snapshot {last} "
+            f"(the last snapshot they all wrote)") from exc
+    print(f"{prefix}Training: {solver.images_per_second:.1f} images/s "
           f"({solver.train_seconds:.2f}s of training, {time.perf_counter() - t0:.2f}s in all)",
           flush=True)
+    if strategy is not None:
+        for line in _strategy_table(strategy, solver.train_model.net):
+            print(prefix + line, flush=True)
     return 0
 
 
@@ -349,7 +478,25 @@ def register(subparsers) -> None:
     p.add_argument("--snapshot-prefix", dest="snapshot_prefix",
                    help="override the solver's snapshot_prefix")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
-    _add_device_args(p)
+    p.add_argument("--lowering", choices=["auto", "type1", "type2", "type3", "native"],
+                   help="force one lowering for every convolution (default: the planner's)")
+    p.add_argument("--devices", help="device(s) for the convolutions: one name (e.g. "
+                                     "opencl:0:0), or several (e.g. tf:cpu:0,opencl:0:0) to "
+                                     "split each convolution's batch across them with a "
+                                     "CCTStrategy (default: the Keras backend's)")
+    p.add_argument("--split", help="with several --devices: 'flops' (default, calibrated "
+                                   "GFLOP/s), 'measure' (each layer timed once), or fractions "
+                                   "such as 0.7,0.3")
+    p.add_argument("--no-rebalance", dest="no_rebalance", action="store_true",
+                   help="with several --devices: keep the initial fractions (default: move "
+                        "them toward equal finish times while training)")
+    p.add_argument("--workers", metavar="HOST:PORT,...",
+                   help="train data-parallel with these worker processes (every worker's "
+                        "address, the same list on every worker; TensorFlow backend)")
+    p.add_argument("--worker-index", dest="worker_index", type=int, metavar="I",
+                   help="this worker's position in --workers, from 0 (worker 0 runs the "
+                        "test nets)")
+    p.add_argument("--worker-shares", dest="worker_shares", help=argparse.SUPPRESS)
     p.set_defaults(func=_train)
 
     p = subparsers.add_parser("test", help="score a trained Caffe net (like `caffe test`)")
