@@ -149,11 +149,14 @@ def _finish(run, timeout: float = RUN_TIMEOUT) -> None:
 # ---------------------------------------------------------------------------- tests
 
 def test_two_workers_unequal_shares_equal_single_process(train_cluster, tmp_path, capsys):
-    """Shares 2:1 (4 + 2 images of each global batch of 6): both workers' final snapshots
+    """Shares 2:1 (4 + 2 images of each global batch of 6), each worker splitting its slice
+    0.6/0.4 across tf:cpu:0 and opencl:0:0 (when PoCL is there): both workers' final snapshots
     equal the single-process run's, worker 0's displayed losses are the global ones, it alone
     runs the test net, and worker 1's lines are prefixed."""
     solver = _setup(tmp_path, max_iter=6, snapshot=3)
-    run = train_cluster("two", solver, [["--worker-shares", "2,1"]] * 2)
+    devices = ["--devices", "tf:cpu:0,opencl:0:0", "--split", "0.6,0.4", "--no-rebalance"] \
+        if _opencl_available() else []
+    run = train_cluster("two", solver, [["--worker-shares", "2,1"] + devices] * 2)
     single = _single(tmp_path, solver, "single/snap", capsys=capsys)
     _finish(run)
     for i in range(2):
@@ -173,6 +176,12 @@ def test_two_workers_unequal_shares_equal_single_process(train_cluster, tmp_path
     test_lines = re.findall(r"Test net output #0: accuracy = (\S+)", single)
     assert re.findall(r"Test net output #0: accuracy = (\S+)", log0) == test_lines
     assert "Testing net" not in log1 and "Optimization Done." in log1
+    if devices:  # each worker's slice of the last batch (4 and 2 images) was split
+        for log, images in ((log0, [2, 2]), (log1, [1, 1])):
+            rows = re.findall(r"^(?:\[worker 1\] )?\s+conv1\s+(\S+)\s+\S+\s+(\d+)\s", log,
+                              re.M)
+            assert [r[0] for r in rows] == ["tf:cpu:0", "opencl:0:0"], log[-3000:]
+            assert [int(r[1]) for r in rows] == images, log[-3000:]
 
 
 def test_killed_worker_resume_from_snapshot(train_cluster, tmp_path, capsys):
