@@ -250,7 +250,8 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
     The batch is cut into ``partitions`` contiguous partitions (CcT's batch partitioning): each
     is lowered and multiplied by the kernel in turn, so its lowered matrix is still in cache
     when the GEMM reads it. None: :func:`keras_cct.lowering.cost.partitions` for the static
-    batch size (about 4 MB of lowered data per partition; 1 when the batch size is unknown).
+    batch size, else ``geo.batch`` (about 4 MB of lowered data per partition; 1 when neither is
+    known).
     """
     mode = MODES[lowering]
     axes = _axes(geo)
@@ -266,8 +267,8 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
     unlower = _unlower_segments if cg < SEGMENT_COL2IM_CHANNELS and lowering != "type3" \
         else _unlower
     rows_per_image = rows_shape[1] * rows_shape[2]
-    if partitions is None:
-        partitions = _partitions(geo, lowering, x.shape[0])
+    if partitions is None:  # a shard of a split batch has no static size: plan for the whole
+        partitions = _partitions(geo, lowering, x.shape[0] or geo.batch)
     parts = max(int(partitions), 1)
 
     def group_slice(t, g, width):
