@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from benchmarks.common import DEFAULT_OUT, markdown_table, write_results
+from benchmarks.common import DEFAULT_OUT, best_of, markdown_table, write_results
 
 # name: (input h=w, channels, filters, kernel, stride, pad, groups) -- as in benchmarks.lowering
 CAFFENET = {
@@ -247,17 +246,6 @@ def make_step(convs: Sequence[ConvSpec], fcs: Dict[str, Tuple[int, int]], batch:
     return step
 
 
-def time_step(step, repeats: int) -> float:
-    """Best of ``repeats`` timed calls after one warm-up call (seconds)."""
-    step()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def configurations(cores: int) -> List[Tuple[str, str, int, int]]:
     """(label, how, partitions, BLAS threads) in the order they are reported."""
     out = [("caffe", "caffe", 1, cores)]
@@ -278,7 +266,7 @@ def run(batch: int, repeats: int, cores: int, convs: Sequence[ConvSpec],
         results[name] = {}
         for label, how, p, threads in configs:
             step = make_step(cv, fc, batch, how, p, threads)
-            seconds = time_step(step, repeats)
+            seconds = best_of(step, repeats)
             if hasattr(step, "pool"):
                 step.pool.shutdown()
             results[name][label] = batch / seconds

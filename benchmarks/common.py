@@ -5,23 +5,51 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+from keras_cct.lowering.timing import best_of  # noqa: F401 -- the benchmarks' timer
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "docs" / "benchmarks"
 
 
-def best_of(step: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
-    """Best wall time (seconds) of ``repeats`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        step()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def layer_train_step(layer):
+    """A ``tf.function`` of one forward+backward pass of ``layer`` (gradients of
+    ``sum(y * y)`` with respect to the input and the weights), returning a scalar so that
+    ``step(x).numpy()`` waits for all of it."""
+    import tensorflow as tf
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(y * y)
+        g = tape.gradient(loss, [x] + layer.trainable_weights)
+        return sum(tf.reduce_sum(t[..., :1]) for t in g)
+
+    return step
+
+
+def spawn_config(module: str, spec: dict, *, env: Optional[Dict[str, str]] = None,
+                 timeout: float = 1200) -> dict:
+    """``module.run_config(spec)`` in a fresh Python process (TensorFlow fixes its thread pools
+    at start-up, so each configuration needs its own), on the TensorFlow backend."""
+    import subprocess
+    import sys
+    full_env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
+                    **(env or {}))
+    code = (f"import json,sys; from {module} import run_config; "
+            "print('RESULT' + json.dumps(run_config(json.loads(sys.argv[1]))))")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=ROOT,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return json.loads(line[6:])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    raise RuntimeError(f"{module} configuration {spec} failed (exit code {proc.returncode}): "
+                       f"{tail[0][:300]}")
 
 
 def machine() -> Dict[str, object]:

@@ -26,18 +26,16 @@ Run: ``python -m benchmarks.flops [--quick] [--out DIR] [--batch B]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
 
-from benchmarks.common import DEFAULT_OUT, markdown_table, write_results
+from benchmarks.common import (DEFAULT_OUT, best_of, layer_train_step, markdown_table,
+                               spawn_config, write_results)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONV3 = dict(hw=13, channels=256, filters=384, kernel=3, pad=1)
@@ -66,21 +64,8 @@ def run_config(spec: dict) -> dict:
     x = tf.constant(np.random.default_rng(0).standard_normal((batch, hw, hw, lay["channels"])),
                     tf.float32)
 
-    @tf.function
-    def step(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = layer(x)
-            loss = tf.reduce_sum(y * y)
-        g = tape.gradient(loss, [x] + layer.trainable_weights)
-        return sum(tf.reduce_sum(t[..., :1]) for t in g)
-
-    step(x).numpy()
-    best = float("inf")
-    for _ in range(spec["repeats"]):
-        t0 = time.perf_counter()
-        step(x).numpy()
-        best = min(best, time.perf_counter() - t0)
+    step = layer_train_step(layer)
+    best = best_of(lambda: step(x).numpy(), spec["repeats"])
     out_hw = hw + 2 * lay["pad"] - lay["kernel"] + 1
     flops = 3 * 2.0 * batch * out_hw ** 2 * lay["kernel"] ** 2 * lay["channels"] * lay["filters"]
     return {"calibrated_gflops": gflops, "step_s": best, "images_per_s": batch / best,
@@ -105,17 +90,8 @@ def configurations(cores: int, opencl: str = "opencl:0:0", sub_device: bool = Tr
 def spawn(spec: dict, timeout: float = 900) -> dict:
     """Run :func:`run_config` in a fresh process with an empty calibration cache."""
     with tempfile.TemporaryDirectory(prefix="cct-flops-") as cache:
-        env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
-                   KERAS_CCT_CACHE_DIR=cache)
-        code = ("import json,sys; from benchmarks.flops import run_config; "
-                "print('RESULT' + json.dumps(run_config(json.loads(sys.argv[1]))))")
-        proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=timeout)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT"):
-            return json.loads(line[6:])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    raise RuntimeError(f"exit code {proc.returncode}: {tail[0][:300]}")
+        return spawn_config("benchmarks.flops", spec, env={"KERAS_CCT_CACHE_DIR": cache},
+                            timeout=timeout)
 
 
 def fit(points: List[dict]) -> Optional[dict]:

@@ -18,16 +18,13 @@ Run: ``python -m benchmarks.hybrid [--quick] [--out DIR]``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import DEFAULT_OUT, markdown_table, write_results
+from benchmarks.common import (DEFAULT_OUT, best_of, layer_train_step, markdown_table,
+                               spawn_config, write_results)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # ------------------------------------------------------------------------------ worker side
 
 def _layer(strategy_devices, split, hw, batch):
-    import keras
     from keras_cct import CCTStrategy, HybridConv2D
     s = None
     if strategy_devices:
@@ -93,27 +89,14 @@ def run_config(spec: dict) -> dict:
     x = tf.constant(np.random.default_rng(0).standard_normal((batch, hw, hw, 96)),
                     tf.float32)
 
-    @tf.function
-    def step(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = layer(x)
-            loss = tf.reduce_sum(y * y)
-        g = tape.gradient(loss, [x] + layer.trainable_weights)
-        return sum(tf.reduce_sum(t[..., :1]) for t in g)
+    step = layer_train_step(layer)
 
     @tf.function
     def forward(x):
         return tf.reduce_sum(layer(x)[:, :1, :1, :1])
 
     for fn, key in ((step, "layer"), (forward, "layer_fwd")):
-        fn(x).numpy()
-        best = float("inf")
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn(x).numpy()
-            best = min(best, time.perf_counter() - t0)
-        out[f"{key}_s"] = best
+        out[f"{key}_s"] = best_of(lambda fn=fn: fn(x).numpy(), reps)
     if s is not None:
         rep = s.report()
         out["fractions"] = {r["device"]: r["fraction"] for r in rep}
@@ -142,15 +125,7 @@ def run_config(spec: dict) -> dict:
 # ------------------------------------------------------------------------------ driver side
 
 def _spawn(spec: dict) -> dict:
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
-    code = ("import json,sys; from benchmarks.hybrid import run_config; "
-            "print('RESULT' + json.dumps(run_config(json.loads(sys.argv[1]))))")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1200)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT"):
-            return json.loads(line[6:])
-    raise RuntimeError(f"configuration {spec} failed:\n{proc.stderr[-3000:]}")
+    return spawn_config("benchmarks.hybrid", spec)
 
 
 def plot(data, path: Path) -> None:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import best_of
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
 
@@ -85,16 +87,6 @@ def make_model(name: str, built: bool):
     return model, "built with HybridConv2D (benchmarks/onnx_export.py)"
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up (tracing, planning, allocation)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def bench(name: str, batch: int, steps: int, repeats: int, workdir: Path,
           built: bool = False) -> dict:
     import onnxruntime as ort
@@ -119,8 +111,8 @@ def bench(name: str, batch: int, steps: int, repeats: int, workdir: Path,
                                for i in range(0, n, batch)])
 
     err = rel_err(run_ort(), model.predict(x, batch_size=batch, verbose=0))
-    keras_s = _time(lambda: model.predict(x, batch_size=batch, verbose=0), repeats)
-    ort_s = _time(run_ort, repeats)
+    keras_s = best_of(lambda: model.predict(x, batch_size=batch, verbose=0), repeats)
+    ort_s = best_of(run_ort, repeats)
     lowerings = {layer.name: layer.chosen_lowering for layer in model.layers
                  if isinstance(layer, keras_cct.HybridConv2D)}
     return {

@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -35,6 +34,8 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import best_of  # noqa: E402
 
 # name: (input HWC, kernel kh, filters, stride, pad, groups)
 CAFFENET = {
@@ -50,12 +51,7 @@ GEMMS = [(23328, 128, 1200), (5408, 384, 2304), (2048, 256, 1024)]
 
 def best_time(fn, reps: int) -> float:
     """Seconds per call: min over ``reps`` timed calls (after the caller's warm-up)."""
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_of(fn, reps, warmup=0)
 
 
 def cpu_seconds(workers=()) -> float:

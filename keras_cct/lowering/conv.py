@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from keras import ops
 
 from keras_cct.errors import LoweringError

@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Dict, Optional, Sequence
@@ -211,14 +210,8 @@ def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: s
 
 
 def _time_lowering(geo, lowering, batch, dtype, training, repeats, make_step) -> float:
+    from keras_cct.lowering.timing import best_of
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels)).astype(dtype)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters)) * 0.1).astype(dtype)
-    step = make_step(geo, lowering, x, k, training=training)
-    step()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_of(make_step(geo, lowering, x, k, training=training), repeats)

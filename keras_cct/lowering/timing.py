@@ -3,12 +3,25 @@
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Union
 
 import keras
 import numpy as np
 
 from keras_cct.lowering.geometry import ConvGeometry
+
+
+def best_of(step: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
+    """Best wall time (seconds) of ``repeats`` calls of ``step`` after ``warmup`` calls."""
+    for _ in range(warmup):
+        step()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def make_step(geo: ConvGeometry, lowering: Union[str, Callable], x: np.ndarray,
