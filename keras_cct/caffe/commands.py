@@ -10,9 +10,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import List, Tuple
 
+from keras_cct._files import atomic_path
 from keras_cct.errors import CaffeFormatError
 
 
@@ -64,13 +64,8 @@ def _convert(args) -> int:
         raise CaffeFormatError("the output must end in .keras", path=out,
                                hint="e.g. -o model.keras")
     net = _import(args)
-    tmp = out[:-len(".keras")] + f".tmp{os.getpid()}.keras"
-    try:
+    with atomic_path(out, suffix=".keras") as tmp:
         net.model.save(tmp)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     n_params = net.model.count_params()
     print(f"wrote {out}: {len(net.model.layers)} layers, {n_params:,} parameters; inputs "
           + ", ".join(f"{k} {v}" for k, v in net.inputs.items())

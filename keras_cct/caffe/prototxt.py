@@ -27,6 +27,7 @@ import numpy as np
 from google.protobuf import message as _pb_message
 from google.protobuf import text_format
 
+from keras_cct._files import atomic_write
 from keras_cct.caffe import proto
 from keras_cct.errors import CaffeFormatError
 
@@ -301,17 +302,7 @@ def write_binaryproto(path: PathLike, array: np.ndarray, *, legacy_shape: bool =
                   .SerializeToString())
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+_atomic_write = atomic_write  # kept for callers of the old name
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import keras

@@ -34,7 +34,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from keras_cct.caffe import proto
-from keras_cct.caffe.prototxt import (blob_shape, parse_caffemodel, _atomic_write)
+from keras_cct._files import atomic_path, atomic_write
+from keras_cct.caffe.prototxt import blob_shape, parse_caffemodel
 from keras_cct.errors import CaffeFormatError
 
 PathLike = Union[str, os.PathLike]
@@ -476,15 +477,14 @@ def save_weights(model_or_net, path: PathLike, *, name: Optional[str] = None,
     if len(check.layer) != count:  # pragma: no cover - a bug in the encoder above
         raise RuntimeError("save_weights produced an inconsistent caffemodel")
     del check
-    _atomic_write(str(path), data)
+    atomic_write(path, data)
     return count
 
 
 def _save_hdf5(model, path: str, names: Dict[str, str], transposed) -> int:
     import h5py
-    tmp = f"{path}.tmp{os.getpid()}"
     count = 0
-    try:
+    with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
             data = f.create_group("data")
             for layer in model.layers:
@@ -497,8 +497,4 @@ def _save_hdf5(model, path: str, names: Dict[str, str], transposed) -> int:
                 for i, arr in enumerate(arrays):
                     group.create_dataset(str(i), data=np.ascontiguousarray(arr, np.float32))
                 count += 1
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return count

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 import warnings
@@ -22,6 +21,7 @@ from typing import Dict, List, Mapping, Optional, Union
 
 import numpy as np
 
+from keras_cct._files import atomic_write
 from keras_cct.errors import DeviceError, KerasCCTError
 
 CALIBRATION_VERSION = "sgemm-2048x256x1024-v1"
@@ -93,11 +93,7 @@ def _read_cache() -> Dict[str, dict]:
 def _write_cache(data: Dict[str, dict]) -> None:
     path = _cache_file()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError as exc:  # a read-only home must not break calibration
         warnings.warn(f"could not write the calibration cache {path}: {exc}", stacklevel=3)
 

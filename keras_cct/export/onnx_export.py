@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import keras
 
+from keras_cct._files import atomic_write
 from keras_cct.errors import ExportError
 from keras_cct.export.rewrite import export_error as _export_error
 
@@ -318,26 +318,6 @@ def _find_layer(model, path: str):
     return layer
 
 
-def _write_atomic(data: bytes, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def to_onnx_proto(model: keras.Model, *, opset: Optional[int] = None,
                   batch_size: Optional[int] = None):
     """The checked ``onnx.ModelProto`` of ``model`` (what :func:`export_onnx` writes).
@@ -414,5 +394,5 @@ def export_onnx(model: keras.Model, path: Union[str, os.PathLike], *,
     if size > _PROTOBUF_LIMIT:
         raise _export_error(f"model '{model.name}' is {size / 2**30:.1f} GiB, over ONNX's "
                             f"2 GiB protobuf limit; export a smaller model")
-    _write_atomic(proto.SerializeToString(), path)
+    atomic_write(path, proto.SerializeToString())
     return path

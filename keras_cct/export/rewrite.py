@@ -16,7 +16,7 @@ are rewritten too, for the same reason.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import keras
 import numpy as np

@@ -13,13 +13,13 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from keras_cct._files import atomic_write
 from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering.cost import LOWERED_TYPES, Machine, cost, estimate_seconds
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
@@ -146,11 +146,7 @@ def _read_cache() -> Dict[str, dict]:
 def _write_cache(entries: Dict[str, dict]) -> None:
     path = _cache_file()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".planner-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": CACHE_VERSION, "entries": entries}, f)
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps({"version": CACHE_VERSION, "entries": entries}))
     except OSError as exc:  # a read-only home must not break training
         warnings.warn(f"{path}: could not save the planner cache ({exc})", PlannerCacheWarning,
                       stacklevel=3)

@@ -1,0 +1,48 @@
+"""Writing files so that a reader never sees half of one: every file keras_cct writes (snapshots,
+converted models, ONNX files, caches) is written to a temporary file beside it, flushed to disk,
+then renamed over the target; on an error the temporary file is removed and the old file, if
+any, is left as it was."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@contextlib.contextmanager
+def atomic_path(path: PathLike, *, suffix: str = "") -> Iterator[str]:
+    """Yield a temporary path beside ``path`` for the caller to write (with any library);
+    when the block ends without an exception it replaces ``path``, otherwise it is removed.
+
+    Args:
+        path: the file to (re)place; its folder is created if missing.
+        suffix: ending the temporary name needs (e.g. ``".keras"`` for ``model.save``).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp" + suffix,
+                               dir=str(target.parent))
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; give the usual mode
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_write(path: PathLike, data: Union[bytes, str]) -> None:
+    """Write ``data`` (bytes, or text as UTF-8) to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
