@@ -32,7 +32,9 @@ run reproduces a single-process run), trains on its slice, sized by the workers'
 throughputs, and TensorFlow all-reduces the gradients; the loss is scaled by the slice's share
 of the global batch, so the summed gradient is the global batch's mean gradient. Every worker
 writes the same snapshots (identical weights, written atomically: a shared folder holds one
-copy, separate machines one each); only worker 0 runs the test nets.
+copy, separate machines one each); only worker 0 runs the test nets. Not global across
+workers: ``clip_gradients`` (Keras clips each worker's gradient before the all-reduce; a
+warning is logged) and BatchNorm's batch and running statistics (per slice, per worker).
 """
 
 from __future__ import annotations
