@@ -186,7 +186,7 @@ def _train(args: argparse.Namespace) -> int:
                             f"(e.g. --devices tf:cpu:0,opencl:0:0); give them or drop --split")
     split = _parse_split(args.split, names) if len(names) > 1 else None
     spec = _cluster_args(args)
-    mwms = None
+    mwms, shares = None, None
     prefix = ""
     if spec is not None:
         from keras_cct.strategy import cluster
@@ -205,7 +205,7 @@ def _train(args: argparse.Namespace) -> int:
     from keras_cct.caffe.solver import load_solver
     solver = load_solver(args.solver, weights=args.weights, progress=args.progress,
                          snapshot_prefix=args.snapshot_prefix, strategy=strategy, cluster=mwms,
-                         shares=None if spec is None else spec[2])
+                         shares=shares)
     one_device = args.devices if len(names) == 1 else None
     for m in [solver.train_model.net] + [t.net for t in solver.test_nets]:
         _set_lowering_and_device(m, args.lowering, one_device)
