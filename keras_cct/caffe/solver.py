@@ -244,6 +244,7 @@ class CaffeOptimizer(keras.optimizers.Optimizer):
         # Keras hands over the mean over iter_size; Caffe clips the sum, then divides.
         if self.clip_gradients < 0:
             return grads
+        grads, replicas = self._global_gradients(list(grads))
         present = [g for g in grads if g is not None]
         if not present:
             return grads
@@ -251,8 +252,26 @@ class CaffeOptimizer(keras.optimizers.Optimizer):
                                    for g in present]))
         norm = ops.sqrt(sumsq) * float(self.iter_size)
         scale = ops.where(ops.greater(norm, self.clip_gradients),
-                          self.clip_gradients / ops.maximum(norm, 1e-30), 1.0)
+                          self.clip_gradients / ops.maximum(norm, 1e-30), 1.0) / replicas
         return [None if g is None else g * ops.cast(scale, g.dtype) for g in grads]
+
+    @staticmethod
+    def _global_gradients(grads):
+        """Under a multi-replica TF strategy (e.g. several workers), the all-reduced (summed)
+        gradients and the replica count; else ``grads`` and 1. Clipping needs the norm of the
+        global gradient, and Keras all-reduces only after clipping: the clipped sum is divided
+        by the replica count so that Keras' own all-reduce gives it back."""
+        if keras.backend.backend() != "tensorflow":
+            return grads, 1
+        import tensorflow as tf
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None or ctx.num_replicas_in_sync <= 1:
+            return grads, 1
+        idx = [i for i, g in enumerate(grads) if g is not None]
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in idx])
+        for i, r in zip(idx, reduced):
+            grads[i] = r
+        return grads, ctx.num_replicas_in_sync
 
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype

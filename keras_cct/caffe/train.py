@@ -32,9 +32,9 @@ run reproduces a single-process run), trains on its slice, sized by the workers'
 throughputs, and TensorFlow all-reduces the gradients; the loss is scaled by the slice's share
 of the global batch, so the summed gradient is the global batch's mean gradient. Every worker
 writes the same snapshots (identical weights, written atomically: a shared folder holds one
-copy, separate machines one each); only worker 0 runs the test nets. Not global across
-workers: ``clip_gradients`` (Keras clips each worker's gradient before the all-reduce; a
-warning is logged) and BatchNorm's batch and running statistics (per slice, per worker).
+copy, separate machines one each); only worker 0 runs the test nets. ``clip_gradients`` clips
+the global gradient's norm (one extra all-reduce). Not global across workers: BatchNorm's batch
+and running statistics (per slice, per worker).
 """
 
 from __future__ import annotations
@@ -440,11 +440,6 @@ class Solver:
             else:
                 self.shares = _cluster.worker_shares(cluster,
                                                      _cluster.local_throughput(strategy))
-            if self.optimizer.clip_gradients >= 0:
-                self.log("Warning: clip_gradients with several workers clips each worker's "
-                         "gradient by its own norm before the all-reduce (Keras' optimizer "
-                         "order), not the global gradient as one process would; the run "
-                         "differs from a single-process run whenever clipping is active")
             self.log(f"Worker {self.worker_index} of {len(self.shares)}: share of each "
                      f"global batch {self.shares[self.worker_index]:.3f}")
         self._batches = self._train_batches(0)

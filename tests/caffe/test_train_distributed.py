@@ -52,7 +52,8 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: 
 """
 
 
-def _setup(tmp: Path, *, max_iter: int, snapshot: int, test_interval: int = 3) -> str:
+def _setup(tmp: Path, *, max_iter: int, snapshot: int, test_interval: int = 3,
+           more: str = "") -> str:
     """The LMDB (30 random 12x12 digits, so batches wrap around), the net and a solver."""
     from keras_cct.caffe.lmdb_io import write_arrays
     if not (tmp / "digits_lmdb").exists():
@@ -60,12 +61,12 @@ def _setup(tmp: Path, *, max_iter: int, snapshot: int, test_interval: int = 3) -
         write_arrays(tmp / "digits_lmdb", rng.integers(0, 256, (30, 12, 12, 1), np.uint8),
                      rng.integers(0, 10, 30))
         (tmp / "net.prototxt").write_text(NET)
-    solver = tmp / f"solver_{max_iter}_{snapshot}.prototxt"
+    solver = tmp / f"solver_{max_iter}_{snapshot}{'_more' if more else ''}.prototxt"
     solver.write_text(f"""
         net: "net.prototxt" test_iter: 1 test_interval: {test_interval}
         test_initialization: false base_lr: 0.05 momentum: 0.9 weight_decay: 0.0005
         lr_policy: "inv" gamma: 0.0001 power: 0.75 display: 1 max_iter: {max_iter}
-        snapshot: {snapshot} snapshot_prefix: "unused" random_seed: 5""")
+        snapshot: {snapshot} snapshot_prefix: "unused" random_seed: 5 {more}""")
     return str(solver)
 
 
@@ -182,6 +183,18 @@ def test_two_workers_unequal_shares_equal_single_process(train_cluster, tmp_path
                               re.M)
             assert [r[0] for r in rows] == ["tf:cpu:0", "opencl:0:0"], log[-3000:]
             assert [int(r[1]) for r in rows] == images, log[-3000:]
+
+
+def test_two_workers_clip_the_global_gradient(train_cluster, tmp_path, capsys):
+    """``clip_gradients`` clips the norm of the global batch's gradient (one extra all-reduce),
+    not each worker's slice: with clipping active at every step, two workers (shares 2:1)
+    still end with the single-process weights."""
+    solver = _setup(tmp_path, max_iter=6, snapshot=6, more="clip_gradients: 0.05")
+    run = train_cluster("clip", solver, [["--worker-shares", "2,1"]] * 2)
+    _single(tmp_path, solver, "single/snap", capsys=capsys)
+    _finish(run)
+    for i in range(2):
+        _assert_same_weights(run.snapshot(i, 6), tmp_path / "single" / "snap_iter_6.caffemodel")
 
 
 def test_killed_worker_resume_from_snapshot(train_cluster, tmp_path, capsys):
