@@ -40,7 +40,6 @@ and running statistics (per slice, per worker).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import time
@@ -100,20 +99,6 @@ def _as_head(h) -> Head:
     return Head(h.name, h.type, list(h.bottoms), tops[0], float(h.loss_weight), param)
 
 
-def _with_batch(tensor, batch):
-    """``tensor`` with its static batch size restored when a layer lost it.
-
-    A CCTStrategy-bound convolution joins shards of run-time sizes, so TensorFlow no longer
-    knows the batch size statically; Caffe's loss layers read it from the static shape."""
-    if batch is None or keras.backend.backend() != "tensorflow":
-        return tensor
-    shape = getattr(tensor, "shape", None)
-    if shape is None or shape.rank is None or shape.rank == 0 or shape[0] is not None:
-        return tensor
-    tensor.set_shape([batch] + [None] * (shape.rank - 1))
-    return tensor
-
-
 class CaffeTrainModel(keras.Model):
     """A Keras model that runs an imported net and computes its Caffe loss and metric heads.
 
@@ -143,12 +128,11 @@ class CaffeTrainModel(keras.Model):
     def call(self, inputs, training=False):
         feed = [inputs[name] for name in self.input_blobs]
         outs = self.net(feed if len(feed) > 1 else feed[0], training=training)
-        batch = getattr(feed[0], "shape", (None,))[0] if feed else None
         if isinstance(outs, dict):
-            return {k: _with_batch(v, batch) for k, v in outs.items()}
+            return dict(outs)
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
-        return dict(zip(self.output_blobs, (_with_batch(o, batch) for o in outs)))
+        return dict(zip(self.output_blobs, outs))
 
     def head_values(self, x, y_pred) -> List:
         blobs = dict(x)

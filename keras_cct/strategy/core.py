@@ -293,7 +293,10 @@ class CCTStrategy:
                 ys.append(self._opencl_shard(plan, i, xi, kernel, geo))
             else:
                 ys.append(self._tf_shard(plan, i, xi, kernel, geo, lowering))
-        return tf.concat(ys, axis=0)
+        y = tf.concat(ys, axis=0)
+        # the shards' sizes are run-time values: give the result the input's static batch size
+        y.set_shape([x.shape[0]] + list(y.shape[1:]))
+        return y
 
     def _tf_shard(self, plan, i, xi, kernel, geo, lowering):
         import tensorflow as tf
