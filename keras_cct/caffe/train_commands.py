@@ -152,17 +152,12 @@ def _strategy_table(strategy, model) -> List[str]:
     lines = ["CCTStrategy split of the TRAIN net (fractions now; images and forward ms of the "
              "last step):",
              f"{'layer':>16} {'device':>14} {'fraction':>8} {'images':>6} {'ms':>8}"]
-    plans = getattr(strategy, "_plans", {})
-    count = 0
-    for layer in model.layers:
-        if type(layer).__name__ != "HybridConv2D" or id(layer) not in plans:
-            continue
-        plan = plans[id(layer)]
-        for i, (name, fraction) in enumerate(strategy.fractions(layer).items()):
-            state = "" if strategy.active[i] else "  (dropped)"
-            lines.append(f"{layer.name:>16} {name:>14} {fraction:8.3f} "
-                         f"{int(plan.sizes[i]):6d} {float(plan.last_ms[i]):8.2f}{state}")
-            count += 1
+    rows = strategy.report(layers=model.layers)
+    for row in rows:
+        state = "" if row["active"] else "  (dropped)"
+        lines.append(f"{row['layer']:>16} {row['device']:>14} {row['fraction']:8.3f} "
+                     f"{row['images']:6d} {row['last_ms']:8.2f}{state}")
+    count = len(rows)
     if not count:
         lines.append("  (no convolution ran under the strategy)")
     return lines

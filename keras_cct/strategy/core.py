@@ -239,12 +239,20 @@ class CCTStrategy:
         f = f / f.sum()
         return dict(zip(self.device_names, map(float, f)))
 
-    def report(self) -> List[Dict[str, object]]:
+    def report(self, layers: Optional[Sequence[object]] = None) -> List[Dict[str, object]]:
         """Per layer and device: the fraction in use, the images of the last step, the forward
         milliseconds of its shard (``ms`` smoothed over steps, ``last_ms`` of the last step), and
-        whether the device is still active."""
+        whether the device is still active.
+
+        Args:
+            layers: only these strategy-bound layers, in this order (e.g. ``model.layers``:
+                other layers, and layers that have not run, are skipped); None: every layer
+                that has run under the strategy.
+        """
         rows = []
-        for plan in self._plans.values():
+        plans = list(self._plans.values()) if layers is None else [
+            self._plans[id(layer)] for layer in layers if id(layer) in self._plans]
+        for plan in plans:
             f = plan.fractions * self.active
             f = f / f.sum()
             for i, d in enumerate(self.devices):
