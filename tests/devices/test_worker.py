@@ -137,6 +137,28 @@ def test_worker_environment_is_configurable(opencl_device):
         client.stop()
 
 
+def test_worker_cpus_pin_the_worker_and_bad_values_are_clear(opencl_device):
+    """KERAS_CCT_WORKER_CPUS confines the worker and every thread it starts (PoCL's too) to the
+    given cores; a malformed list makes the start fail with a WorkerError that quotes it."""
+    name = opencl_device
+    last = max(os.sched_getaffinity(0))
+    client = WorkerClient(parse_opencl_name(name), {"KERAS_CCT_WORKER_CPUS": str(last)},
+                          name=name)
+    try:
+        assert client.request("info")["compute_units"] >= 1  # starts it, creates a context
+        tasks = os.listdir(f"/proc/{client.pid}/task")
+        for tid in tasks:
+            assert os.sched_getaffinity(int(tid)) == {last}
+    finally:
+        client.stop()
+    bad = WorkerClient(parse_opencl_name(name), {"KERAS_CCT_WORKER_CPUS": "1-x"}, name=name)
+    try:
+        with pytest.raises(WorkerError, match="KERAS_CCT_WORKER_CPUS='1-x'"):
+            bad.request("info")
+    finally:
+        bad.stop()
+
+
 def test_worker_stops_when_the_interpreter_exits(opencl_device, tmp_path):
     code = ("import numpy as np\n"
             "from keras_cct.devices.opencl import client_for\n"

@@ -809,11 +809,42 @@ class Worker:
                 return
 
 
+def parse_cpus(text: str) -> set:
+    """CPU numbers from a list such as ``"1"``, ``"0,2"`` or ``"2-3"`` (taskset's syntax)."""
+    cpus = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise ValueError(f"KERAS_CCT_WORKER_CPUS={text!r}: expected CPU numbers such as "
+                             f"'1', '0,2' or '2-3'")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pin_to_cpus() -> None:
+    """Confine this worker (and the threads PoCL starts later) to ``$KERAS_CCT_WORKER_CPUS``,
+    before any OpenCL call: PoCL's device fission does not limit the cores it runs on."""
+    text = os.environ.get("KERAS_CCT_WORKER_CPUS", "").strip()
+    if text and hasattr(os, "sched_setaffinity"):
+        cpus = parse_cpus(text)
+        # every thread already running (numpy's BLAS starts some at import), then this one,
+        # whose mask the threads started later inherit
+        for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:  # a thread that has just ended
+                pass
+        os.sched_setaffinity(0, cpus)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print(__doc__)
         return 2
+    pin_to_cpus()
     fd = int(argv[0])
     spec = argv[1] if len(argv) > 1 and argv[1] != "-" else None
     sock = socket.socket(fileno=fd)
