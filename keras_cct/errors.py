@@ -90,5 +90,10 @@ class ExportError(LocatedError, RuntimeError):
     """A model cannot be exported; ``layer`` names the layer that cannot."""
 
 
+class ClusterError(KerasCCTError, ValueError):
+    """A multi-worker cluster description (workers, worker index, TF_CONFIG, shares) is wrong,
+    or a peer of a running cluster was lost."""
+
+
 class DeviceDroppedWarning(UserWarning):
     """A device failed during a step: its shard was recomputed elsewhere and it was dropped."""

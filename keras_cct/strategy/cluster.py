@@ -64,14 +64,10 @@ from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
-from keras_cct.errors import KerasCCTError
+from keras_cct.errors import ClusterError
 
 REDUCTIONS = ("sum_over_batch_size", "sum")
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
-
-
-class ClusterError(KerasCCTError, ValueError):
-    """The cluster description (workers, worker index, TF_CONFIG, shares) is wrong."""
 
 
 # ------------------------------------------------------------------------------ configuration

@@ -281,6 +281,7 @@ def test_bad_cluster_and_device_arguments(tmp_path, capsys, monkeypatch, extra, 
 
 
 def test_cluster_error_is_typed():
-    from keras_cct.errors import KerasCCTError
+    from keras_cct import errors
     from keras_cct.strategy.cluster import ClusterError
-    assert issubclass(ClusterError, KerasCCTError) and issubclass(ClusterError, ValueError)
+    assert ClusterError is errors.ClusterError  # lives in keras_cct.errors with the others
+    assert issubclass(ClusterError, errors.KerasCCTError) and issubclass(ClusterError, ValueError)
