@@ -70,8 +70,17 @@ def _rq2(d: dict) -> str:
     cross = next((p["ratio"] for p in pts if p["ms"]["type3"] < p["ms"]["type1"]), None)
     where = f"Type 3 first beats Type 1 at d/o = {cross:g}" if cross is not None else \
         "Type 3 never beat Type 1 on the sweep"
-    return f"{where}; cost model within 10% of the fastest on " \
+    line = f"{where}; cost model within 10% of the fastest on " \
            f"{100 * d['sweep']['model_within_10pct']:.0f}% of the points"
+    layers = d.get("caffenet", {}).get("layers", {})
+    t1 = [layers[n]["type1_fwd_vs_ceiling"] for n in ("conv2", "conv3", "conv4", "conv5")
+          if n in layers]
+    auto = [v["auto_vs_best_keras"] for v in layers.values()]
+    if t1 and auto:
+        line += (f"; Type 1 forward {min(t1):.2f}-{max(t1):.2f} of the SGEMM ceiling on conv2-5; "
+                 f"auto / best Keras form (f+b) {min(auto):.2f}-{max(auto):.2f} on conv1-5 "
+                 f"(batch {d['batch']})")
+    return line
 
 
 def _rq3(d: dict) -> str:
@@ -92,9 +101,11 @@ def _rq3(d: dict) -> str:
 def _rq4(d: dict) -> str:
     s = d["summary"]["layer_images_per_s"]
     m = d["summary"]["model_images_per_s"]
+    balance = d["configs"]["hybrid"].get("balance_efficiency")
     return (f"hybrid / (TF 1 core + OpenCL 1 core): conv2 {s['hybrid_vs_ideal']:.2f}, "
             f"small model {m['hybrid_vs_ideal']:.2f}; hybrid / TF on all cores: conv2 "
-            f"{s['hybrid_vs_tf2']:.2f}")
+            f"{s['hybrid_vs_tf2']:.2f}"
+            + (f"; balance efficiency {balance:.2f}" if balance is not None else ""))
 
 
 def _rq5(d: dict) -> str:
