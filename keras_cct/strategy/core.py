@@ -48,6 +48,28 @@ def _tf_device_name(name: str) -> str:
     return f"/{kind.upper()}:{index}"
 
 
+def _backward_marker(plan: "_LayerPlan", i: int, event: str):
+    """An identity whose gradient records backward ``event`` of shard ``i`` when the gradient
+    passes through it (on the output: the shard's backward starts; on its input and kernel:
+    a gradient of the shard is done)."""
+    import tensorflow as tf
+
+    def mark(_):
+        plan.mark_backward(i, event)
+        return np.int64(0)
+
+    @tf.custom_gradient
+    def identity(t):
+        def grad(dt):
+            done = tf.numpy_function(mark, [tf.reshape(dt, [-1])[:1]], tf.int64, stateful=True,
+                                     name=f"cct_backward_{event}")
+            with tf.control_dependencies([done]):
+                return tf.identity(dt)
+        return tf.identity(t), grad
+
+    return identity
+
+
 class _LayerPlan:
     """Split state of one layer: fractions over the strategy's devices and the last timings."""
 
@@ -61,6 +83,9 @@ class _LayerPlan:
         self.last: List[Optional[float]] = [None] * n
         self.ms = np.full(n, np.nan)
         self.last_ms = np.full(n, np.nan)
+        self.last_bwd: List[Optional[float]] = [None] * n
+        self.last_bwd_ms = np.full(n, np.nan)
+        self._bwd_marks: List[Dict[str, float]] = [{} for _ in range(n)]
         self.steps = 0
 
     # ---- called from TF's threads through host callbacks
@@ -76,6 +101,7 @@ class _LayerPlan:
             bounds[-1] = batch
             self.sizes = np.diff(np.concatenate([[0], bounds]))
             self.last = [None] * len(f)
+            self.last_bwd = [None] * len(f)
             self.steps += 1
             return self.sizes.astype(np.int32)
 
@@ -85,6 +111,25 @@ class _LayerPlan:
             ms = self.last_ms[i] = 1e3 * seconds
             self.ms[i] = ms if np.isnan(self.ms[i]) else 0.7 * self.ms[i] + 0.3 * ms
 
+    def mark_backward(self, i: int, event: str) -> None:
+        """A backward-pass event of shard ``i``: ``"start"`` (its output gradient arrived) or
+        ``"end"`` (one of its input/kernel gradients is computed; the last one counts)."""
+        now = time.perf_counter()
+        with self.lock:
+            marks = self._bwd_marks[i]
+            if event == "start":
+                self._bwd_marks[i] = {"start": now}
+            elif "start" in marks:
+                self._set_backward(i, now - marks["start"])
+
+    def record_backward(self, i: int, seconds: float) -> None:
+        with self.lock:
+            self._set_backward(i, seconds)
+
+    def _set_backward(self, i: int, seconds: float) -> None:  # with self.lock held
+        self.last_bwd[i] = seconds
+        self.last_bwd_ms[i] = 1e3 * seconds
+
     def _rebalance(self) -> None:
         s = self.strategy
         if not s.rebalance:
@@ -92,7 +137,12 @@ class _LayerPlan:
         busy = [i for i, n in enumerate(self.sizes) if n > 0 and s.active[i]]
         if len(busy) < 2 or any(self.last[i] is None or self.last[i] <= 0 for i in busy):
             return
-        rates = np.array([self.sizes[i] / self.last[i] for i in busy])
+        # training steps: balance forward + backward time (the devices' backward/forward
+        # ratios differ); forward-only steps (predict) balance the forward
+        seconds = [self.last[i] for i in busy]
+        if all(self.last_bwd[i] is not None and self.last_bwd[i] > 0 for i in busy):
+            seconds = [self.last[i] + self.last_bwd[i] for i in busy]
+        rates = np.array([self.sizes[i] / t for i, t in zip(busy, seconds)])
         share = self.fractions[busy].sum()
         target = rates / rates.sum() * share
         step = np.clip(s.smoothing * (target - self.fractions[busy]), -s.max_step, s.max_step)
@@ -241,7 +291,8 @@ class CCTStrategy:
 
     def report(self, layers: Optional[Sequence[object]] = None) -> List[Dict[str, object]]:
         """Per layer and device: the fraction in use, the images of the last step, the forward
-        milliseconds of its shard (``ms`` smoothed over steps, ``last_ms`` of the last step), and
+        milliseconds of its shard (``ms`` smoothed over steps, ``last_ms`` of the last step), the
+        backward milliseconds of its last training step (``last_bwd_ms``, NaN before one), and
         whether the device is still active.
 
         Args:
@@ -259,6 +310,7 @@ class CCTStrategy:
                 rows.append({"layer": plan.name, "device": d.name, "fraction": float(f[i]),
                              "images": int(plan.sizes[i]), "ms": float(plan.ms[i]),
                              "last_ms": float(plan.last_ms[i]),
+                             "last_bwd_ms": float(plan.last_bwd_ms[i]),
                              "active": bool(self.active[i])})
         return rows
 
@@ -324,10 +376,12 @@ class CCTStrategy:
             t0 = tf.numpy_function(start, [tf.shape(xi)[0]], tf.int64, stateful=True)
             with tf.control_dependencies([t0]):
                 xi = tf.identity(xi)
+            xi, kernel = (_backward_marker(plan, i, "end")(t) for t in (xi, kernel))
             yi = conv2d_geo(xi, kernel, geo, lowering)
             t1 = tf.numpy_function(end, [yi[:1, :1, :1, :1]], tf.int64, stateful=True)
             with tf.control_dependencies([t1]):
-                return tf.identity(yi)
+                yi = tf.identity(yi)
+            return _backward_marker(plan, i, "start")(yi)
 
     def _opencl_shard(self, plan, i, xi, kernel, geo):
         import tensorflow as tf
@@ -351,7 +405,9 @@ class CCTStrategy:
         def backward(x, k, dy):
             if self.active[i]:
                 try:
+                    t0 = time.perf_counter()
                     dx, dk, _ = conv2d_backward(name, x, k, dy, with_bias=False, **kw)
+                    plan.record_backward(i, time.perf_counter() - t0)
                     return dx, dk
                 except DeviceError as exc:
                     self._drop(i, plan.name, exc)

@@ -144,6 +144,44 @@ def test_rebalancing_moves_work_away_from_a_slow_device(opencl, monkeypatch):
     assert len(log.history) == 2
 
 
+def test_rebalancing_counts_the_backward_pass(opencl, monkeypatch):
+    """Training steps balance forward + backward time. Here TF's forward is made slow (a
+    forward-only balance would move work to OpenCL) and OpenCL's backward much slower: the
+    work must end up on TF, and the report has both times for every device."""
+    import time as _time
+
+    import tensorflow as tf
+
+    import keras_cct.lowering as lowering
+    from keras_cct.devices.opencl import conv as cl_conv
+    real_geo, real_bwd = lowering.conv2d_geo, cl_conv.conv2d_backward
+
+    def slow_tf_forward(x, k, geo, low):
+        def nap(_):
+            _time.sleep(0.03)
+            return np.int64(0)
+        done = tf.numpy_function(nap, [tf.shape(x)[0]], tf.int64, stateful=True)
+        with tf.control_dependencies([done]):
+            x = tf.identity(x)
+        return real_geo(x, k, geo, low)
+
+    def slow_cl_backward(*args, **kwargs):
+        _time.sleep(0.2)
+        return real_bwd(*args, **kwargs)
+
+    monkeypatch.setattr(lowering, "conv2d_geo", slow_tf_forward)
+    monkeypatch.setattr(cl_conv, "conv2d_backward", slow_cl_backward)
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.5, 0.5], rebalance=True)
+    model = _model(s)
+    x, y = _data(40)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    rows = s.report()
+    assert all(r["fraction"] < 0.3 for r in rows if r["device"] == "opencl:0:0"), rows
+    assert all(np.isfinite(r["last_bwd_ms"]) and r["last_bwd_ms"] > 0 for r in rows), rows
+    cl = [r for r in rows if r["device"] == "opencl:0:0"]
+    assert all(r["last_bwd_ms"] >= 200 for r in cl), cl  # the sleep is inside the timing
+
+
 def test_worker_killed_mid_fit_is_survived(opencl):
     from keras_cct.devices.opencl.client import client_for
     x, y = _data(24)
