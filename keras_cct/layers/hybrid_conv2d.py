@@ -170,11 +170,11 @@ class HybridConv2D(keras.layers.Layer):
             from keras_cct.ops import conv2d_on
             y = conv2d_on(self.device, x, self.kernel, self.bias, strides=self.strides,
                           padding=geo.pad, dilation_rate=self.dilation_rate, groups=self.groups)
+        elif self._strategy is not None:  # each device adds the bias to its own shard
+            y = self._strategy.split_conv(self, x, self.kernel, geo, lowering,
+                                          bias=self.bias if self.use_bias else None)
         else:
-            if self._strategy is not None:
-                y = self._strategy.split_conv(self, x, self.kernel, geo, lowering)
-            else:
-                y = conv2d_geo(x, self.kernel, geo, lowering)
+            y = conv2d_geo(x, self.kernel, geo, lowering)
             if self.use_bias:
                 y = ops.add(y, self.bias)
         if self.data_format == "channels_first":

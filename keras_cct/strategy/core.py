@@ -336,8 +336,10 @@ class CCTStrategy:
 
     # ------------------------------------------------------------------------- computing
 
-    def split_conv(self, layer, x, kernel, geo, lowering: str):
-        """``x`` convolved with ``kernel`` (no bias), its batch split across the devices."""
+    def split_conv(self, layer, x, kernel, geo, lowering: str, bias=None):
+        """``x`` convolved with ``kernel`` (plus ``bias``, added by each shard on its own
+        device so that the bias and its gradient are split too), its batch split across the
+        devices."""
         import tensorflow as tf
         from keras_cct.lowering import _backend
         plan = self._plan(layer, geo, lowering)
@@ -347,18 +349,19 @@ class CCTStrategy:
         sizes.set_shape((n,))
         shards = tf.split(x, sizes, num=n, axis=0)
         kernel = _backend.as_tensor(kernel)
+        bias = None if bias is None else _backend.as_tensor(bias)
         ys = []
         for i, (device, xi) in enumerate(zip(self.devices, shards)):
             if device.is_opencl:
-                ys.append(self._opencl_shard(plan, i, xi, kernel, geo))
+                ys.append(self._opencl_shard(plan, i, xi, kernel, geo, bias))
             else:
-                ys.append(self._tf_shard(plan, i, xi, kernel, geo, lowering))
+                ys.append(self._tf_shard(plan, i, xi, kernel, geo, lowering, bias))
         y = tf.concat(ys, axis=0)
         # the shards' sizes are run-time values: give the result the input's static batch size
         y.set_shape([x.shape[0]] + list(y.shape[1:]))
         return y
 
-    def _tf_shard(self, plan, i, xi, kernel, geo, lowering):
+    def _tf_shard(self, plan, i, xi, kernel, geo, lowering, bias=None):
         import tensorflow as tf
         from keras_cct.lowering import conv2d_geo
         clock: Dict[str, float] = {}
@@ -378,54 +381,60 @@ class CCTStrategy:
                 xi = tf.identity(xi)
             xi, kernel = (_backward_marker(plan, i, "end")(t) for t in (xi, kernel))
             yi = conv2d_geo(xi, kernel, geo, lowering)
+            if bias is not None:
+                yi = yi + _backward_marker(plan, i, "end")(bias)
             t1 = tf.numpy_function(end, [yi[:1, :1, :1, :1]], tf.int64, stateful=True)
             with tf.control_dependencies([t1]):
                 yi = tf.identity(yi)
             return _backward_marker(plan, i, "start")(yi)
 
-    def _opencl_shard(self, plan, i, xi, kernel, geo):
+    def _opencl_shard(self, plan, i, xi, kernel, geo, bias=None):
         import tensorflow as tf
         from keras_cct.devices.opencl.conv import conv2d_backward, conv2d_forward
         from keras_cct.strategy import host
         name = self.devices[i].name
         kw = dict(strides=(geo.sh, geo.sw), padding=geo.pad, dilation_rate=(geo.dh, geo.dw),
                   groups=geo.groups)
+        with_bias = bias is not None
 
-        def forward(x, k):
+        def forward(x, k, *b):
             t0 = time.perf_counter()
             if self.active[i]:
                 try:
-                    y = conv2d_forward(name, x, k, **kw)
+                    y = conv2d_forward(name, x, k, b[0] if b else None, **kw)
                     plan.record(i, time.perf_counter() - t0)
                     return y
                 except DeviceError as exc:
                     self._drop(i, plan.name, exc)
-            return host.forward(x, k, geo)
+            y = host.forward(x, k, geo)
+            return y + b[0] if b else y
 
         def backward(x, k, dy):
             if self.active[i]:
                 try:
                     t0 = time.perf_counter()
-                    dx, dk, _ = conv2d_backward(name, x, k, dy, with_bias=False, **kw)
+                    dx, dk, db = conv2d_backward(name, x, k, dy, with_bias=with_bias, **kw)
                     plan.record_backward(i, time.perf_counter() - t0)
-                    return dx, dk
+                    return (dx, dk, db) if with_bias else (dx, dk)
                 except DeviceError as exc:
                     self._drop(i, plan.name, exc)
-            return host.backward(x, k, dy, geo)
+            dx, dk = host.backward(x, k, dy, geo)
+            return (dx, dk, dy.sum(axis=(0, 1, 2))) if with_bias else (dx, dk)
 
         @tf.custom_gradient
-        def op(x, k):
-            y = tf.numpy_function(forward, [x, k], tf.float32, stateful=False,
+        def op(x, k, *b):
+            y = tf.numpy_function(forward, [x, k, *b], tf.float32, stateful=False,
                                   name="cct_opencl_shard")
             y.set_shape([None, geo.out_h, geo.out_w, geo.filters])
 
             def grad(dy):
-                dx, dk = tf.numpy_function(backward, [x, k, dy], [tf.float32, tf.float32],
-                                           stateful=False, name="cct_opencl_shard_grad")
-                dx.set_shape(x.shape)
-                dk.set_shape(k.shape)
-                return dx, dk
+                outs = tf.numpy_function(backward, [x, k, dy],
+                                         [tf.float32] * (3 if with_bias else 2),
+                                         stateful=False, name="cct_opencl_shard_grad")
+                for t, like in zip(outs, (x, k) + b):
+                    t.set_shape(like.shape)
+                return list(outs)
 
             return y, grad
 
-        return op(xi, kernel)
+        return op(xi, kernel, bias) if with_bias else op(xi, kernel)

@@ -35,6 +35,10 @@ def _pair(strategy, x_shape, **kw):
     with strategy.scope():
         split = HybridConv2D(**kw)
     split.build(x_shape)
+    weights = split.get_weights()
+    if len(weights) == 2:  # a non-zero bias, so that each shard's bias add is checked too
+        weights[1] = np.random.default_rng(7).standard_normal(weights[1].shape).astype("float32")
+        split.set_weights(weights)
     plain = HybridConv2D(**kw)
     plain.build(x_shape)
     plain.set_weights(split.get_weights())
