@@ -188,6 +188,21 @@ def run_part(name: str, argv: Sequence[str], out: Path, timeout: float) -> str:
     return "ok"
 
 
+def _summary_only(out: Path) -> int:
+    status = {name: "ok" for name in PARTS if _load(out, name) is not None}
+    table, data = summary(out, status)
+    command = "python -m benchmarks --summary (each part's command is on its page)"
+    when = time.strftime("%Y-%m-%d %H:%M %Z")
+    (out / "summary.md").write_text(f"# Benchmark summary\n\nCommand: `{command}` ({when})."
+                                    "\n\n" + table)
+    (out / "summary.json").write_text(json.dumps(
+        {"command": command, "when": when, "parts": data}, indent=1))
+    if out == DEFAULT_OUT.resolve():
+        update_page(PAGE, table, command, when)
+    print(table)
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks",
                                      description="Run keras_cct's benchmark suite (CcT RQ1-RQ5).")
@@ -200,7 +215,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="comma-separated subset of: " + ", ".join(PARTS))
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds allowed per part (default 3600)")
+    parser.add_argument("--summary", action="store_true",
+                        help="run nothing: rebuild the summary (and the docs page's table) from "
+                             "the results already in --out, each part as its own page says it "
+                             "was run")
     args = parser.parse_args(argv)
+    if args.summary:
+        return _summary_only(args.out.resolve())
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
