@@ -37,6 +37,12 @@ CCT_PUBLISHED = ("CcT chooses by the ratio of input to output channels: Type 1 w
                  "Type 3 when d > o (crossover at d/o about 1); it publishes no regret figure")
 
 
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (TF's carry whole tracebacks), shortened."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
 def _geometry(name: str, batch: int, layers=CAFFENET):
     from keras_cct.lowering import conv_geometry
     hw, c, o, k, s, p, g = layers[name]
@@ -113,7 +119,7 @@ def layer_times(batch: int, repeats: int, out: Path, layers=CAFFENET, progress=N
             try:
                 times[name][c] = 1e3 * time_conv(geo, c, batch, True, repeats)
             except Exception as exc:  # noqa: BLE001 - a failing lowering is a result too
-                errors.append(f"{name} {c}: {type(exc).__name__}: {str(exc)[:200]}")
+                errors.append(f"{name} {c}: {type(exc).__name__}: {_first_line(exc)}")
             if progress is not None:
                 progress.update(1)
     return times
@@ -147,7 +153,7 @@ def per_layer(batch: int, times: Dict[str, Dict[str, Optional[float]]], layers=C
             except Exception as exc:  # noqa: BLE001
                 pick = None
                 errors.append(f"{name} choose(mode={mode!r}): {type(exc).__name__}: "
-                              f"{str(exc)[:200]}")
+                              f"{_first_line(exc)}")
             res[f"{mode}_choice"] = pick
             res[f"{mode}_regret"] = _regret(t, pick, CANDIDATES)
         # the cost model only ranks the three lowered types: its regret among them too
@@ -230,7 +236,7 @@ def end_to_end(batch: int, repeats: int, oracle: Dict[str, str],
             chosen[label] = {n: model.get_layer(n).chosen_lowering for n in CAFFENET}
         except Exception as exc:  # noqa: BLE001 - reported, the other plans still run
             res[label], chosen[label] = None, {}
-            errors.append(f"end to end, {label}: {type(exc).__name__}: {str(exc)[:200]}")
+            errors.append(f"end to end, {label}: {type(exc).__name__}: {_first_line(exc)}")
         if progress is not None:
             progress.update(1)
     base = res.get("oracle")
