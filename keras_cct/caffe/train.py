@@ -156,17 +156,18 @@ class CaffeTrainModel(keras.Model):
         workers is the global batch's value.
         """
         values = self.head_values(x, y_pred)
-        factor, share = 1.0, 1.0
         if sample_weight is not None:
             from keras_cct.strategy.cluster import mean_loss_factor
-            factor = mean_loss_factor(sample_weight)
             share = keras.ops.mean(keras.ops.cast(sample_weight, "float32"))
+            values_seen = [v * share for v in values]
+        else:
+            values_seen = values
         total = 0.0
-        for h, v, m in zip(self.heads, values, self.head_metrics):
-            m.update_state(v * share if sample_weight is not None else v)
+        for h, v, seen, m in zip(self.heads, values, values_seen, self.head_metrics):
+            m.update_state(seen)
             if h.loss_weight:
                 total = total + h.loss_weight * v
-        return total * factor if sample_weight is not None else total
+        return total if sample_weight is None else total * mean_loss_factor(sample_weight)
 
 
 # ----------------------------------------------------------------------------------------------

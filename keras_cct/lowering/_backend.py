@@ -69,17 +69,29 @@ def add_n(tensors: List):
     return total
 
 
+def index_tensor(indices, like):
+    """A 1-D int32 numpy ``indices`` as the index tensor :func:`take_rows` wants on this
+    backend (on ``like``'s device), made once and reused for every partition."""
+    name = _name()
+    if name == "tensorflow":
+        import tensorflow as tf
+        return tf.constant(indices)
+    if name == "torch":
+        import torch
+        return torch.as_tensor(indices, dtype=torch.long, device=like.device)
+    return ops.convert_to_tensor(indices)
+
+
 def take_rows(x, indices):
-    """``x[:, indices, :]`` for a 3-D ``x`` and a 1-D int32 numpy ``indices`` (a gather of whole
-    rows along axis 1; Keras' ``take`` adds a pass over ``indices`` for negative values)."""
+    """``x[:, indices, :]`` for a 3-D ``x`` and an :func:`index_tensor` (a gather of whole rows
+    along axis 1; Keras' ``take`` adds a pass over ``indices`` for negative values)."""
     name = _name()
     if name == "tensorflow":
         import tensorflow as tf
         return tf.gather(x, indices, axis=1)
     if name == "torch":
         import torch
-        idx = torch.as_tensor(indices, dtype=torch.long, device=x.device)
-        return torch.index_select(x, 1, idx)
+        return torch.index_select(x, 1, indices)
     return ops.take(x, indices, axis=1)
 
 

@@ -48,17 +48,12 @@ class Cost:
 
 
 def lowered_bytes_per_image(geo: ConvGeometry, lowering: str, dtype_bytes: int = 4) -> int:
-    """Bytes of one image's lowered matrix for one channel group; 0 when the lowering copies
-    nothing (an ungrouped Type 3 multiplies the padded input in place)."""
-    oh, ow, ph, pw = geo.out_h, geo.out_w, geo.padded_h, geo.padded_w
-    kh, kw, d = geo.kh, geo.kw, geo.cg
-    if lowering == "type1":
-        return oh * ow * kh * kw * d * dtype_bytes
-    if lowering == "type2":
-        return oh * pw * kh * d * dtype_bytes
-    if lowering == "type3":
-        return ph * pw * d * dtype_bytes if geo.groups > 1 else 0
-    raise ValueError(f"unknown lowering {lowering!r}; expected one of {LOWERED_TYPES}")
+    """Bytes of one image's lowered matrix for one channel group (:func:`cost`'s lowering
+    elements for one image); 0 when the lowering copies nothing (an ungrouped Type 3 multiplies
+    the padded input in place)."""
+    if lowering == "type3" and geo.groups == 1:
+        return 0
+    return cost(geo, lowering, batch=1).lowering_elements // geo.groups * dtype_bytes
 
 
 def partition_bytes() -> int:

@@ -32,6 +32,7 @@ under XLA), JAX and PyTorch.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -110,11 +111,13 @@ def _place(t, axis: _Axis, i: int):
     return ops.pad(t, pads)
 
 
-def _lower_index(axes: Sequence[_Axis], mode, groups: int, g: int) -> np.ndarray:
+@functools.lru_cache(maxsize=512)
+def _lower_index(axes: Tuple[_Axis, _Axis], mode, groups: int, g: int) -> np.ndarray:
     """Rows of the padded input (viewed as ``(ph * pw * groups, cg)`` per image) that make up
     group ``g``'s lowered matrix, in its row-major order: output rows along lowered axes and
     input positions along lifted axes, then the taps of the lowered axes in (height, width)
-    order. One gather of these rows is the whole lowering (im2col in one pass)."""
+    order. One gather of these rows is the whole lowering (im2col in one pass). Cached: the
+    same layer asks for the same rows every step (the array must not be modified)."""
     per_axis = []
     for a, m in zip(axes, mode):
         if m == "lower":  # (out, k): position of tap i for output o
@@ -126,9 +129,11 @@ def _lower_index(axes: Sequence[_Axis], mode, groups: int, g: int) -> np.ndarray
     return (pos.reshape(-1) * groups + g).astype(np.int32)
 
 
-def _lower(xp, axes: Sequence[_Axis], mode, groups: int, g: int, channels: int):
+def _lower(xp, axes: Sequence[_Axis], mode, groups: int, g: int, channels: int, rows=None):
     """Group ``g``'s lowered matrix of ``xp``: ``(b * rows, taps * channels)`` (Type 1: im2col;
-    Type 2: along the height only; Type 3: the padded input itself)."""
+    Type 2: along the height only; Type 3: the padded input itself). ``rows``: the
+    :func:`_lower_index` of the group as a backend index tensor (made once per call when the
+    batch is lowered partition by partition)."""
     ph, pw = axes[0].size, axes[1].size
     if groups == 1 and all(m == "lift" for m in mode):
         return ops.reshape(xp, (-1, channels))
@@ -136,8 +141,10 @@ def _lower(xp, axes: Sequence[_Axis], mode, groups: int, g: int, channels: int):
     for a, m in zip(axes, mode):
         if m == "lower":
             taps *= a.k
+    if rows is None:
+        rows = B.index_tensor(_lower_index(tuple(axes), mode, groups, g), like=xp)
     flat = ops.reshape(xp, (-1, ph * pw * groups, channels))
-    cols = B.take_rows(flat, _lower_index(axes, mode, groups, g))
+    cols = B.take_rows(flat, rows)
     return ops.reshape(cols, (-1, taps * channels))
 
 
@@ -170,7 +177,7 @@ def _unlower_segments(dcols, axes: Sequence[_Axis], mode, channels: int):
     ``dcols`` ``(b, H, W, taps * channels)`` into ``(b, ph, pw, channels)``, with the batch
     moved inside each row so that every segment adds ``b * channels`` contiguous values."""
     ph, pw = axes[0].size, axes[1].size
-    idx = _lower_index(axes, mode, 1, 0)
+    idx = _lower_index(tuple(axes), mode, 1, 0)
     rows = ops.reshape(dcols, (-1, int(idx.size), channels))
     rows = ops.transpose(rows, (1, 0, 2))
     summed = B.segment_sum(rows, idx, ph * pw)
@@ -283,7 +290,9 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
         outs, saved = [], []
         for g in range(groups):
             wm, wshape = _kernel_matrix(group_slice(kernel, g, og), mode)
-            cols = [_lower(xq, axes, mode, groups, g, cg) for xq in xparts]
+            rows = None if groups == 1 and lowering == "type3" else B.index_tensor(
+                _lower_index(axes, mode, groups, g), like=xp)
+            cols = [_lower(xq, axes, mode, groups, g, cg, rows) for xq in xparts]
             p = concat_rows([B.matmul(c, wm) for c in cols])
             p = ops.reshape(p, rows_shape + [lifted_taps * og])
             outs.append(_lift(p, axes, mode, og))

@@ -85,7 +85,7 @@ class _LayerPlan:
         self.last_ms = np.full(n, np.nan)
         self.last_bwd: List[Optional[float]] = [None] * n
         self.last_bwd_ms = np.full(n, np.nan)
-        self._bwd_marks: List[Dict[str, float]] = [{} for _ in range(n)]
+        self._bwd_start: List[Optional[float]] = [None] * n
         self.steps = 0
 
     # ---- called from TF's threads through host callbacks
@@ -116,11 +116,10 @@ class _LayerPlan:
         ``"end"`` (one of its input/kernel gradients is computed; the last one counts)."""
         now = time.perf_counter()
         with self.lock:
-            marks = self._bwd_marks[i]
             if event == "start":
-                self._bwd_marks[i] = {"start": now}
-            elif "start" in marks:
-                self._set_backward(i, now - marks["start"])
+                self._bwd_start[i] = now
+            elif self._bwd_start[i] is not None:
+                self._set_backward(i, now - self._bwd_start[i])
 
     def record_backward(self, i: int, seconds: float) -> None:
         with self.lock:
