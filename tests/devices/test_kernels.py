@@ -78,6 +78,25 @@ def test_no_bias(opencl_device):
     assert R.rel_err(dk, R.conv2d_grads(x, k, dy, 2, "same", 1, 2)[1]) <= TOL
 
 
+@pytest.mark.parametrize("lowering", ["type1", "type2", "type3"])
+def test_backward_without_the_input_gradient(opencl_device, lowering):
+    """need_dx=False (a network's first layer) skips dx; dW and db are unchanged, and the
+    future of ``wait=False`` gives the same."""
+    x, k, _, kw = _data(CASES[1], 5)
+    ref_args = (kw["strides"], kw["padding"], kw["dilation_rate"], kw["groups"])
+    dy = np.random.default_rng(9).standard_normal(
+        R.conv2d(x, k, None, *ref_args).shape).astype(np.float32)
+    _, rdk, rdb = R.conv2d_grads(x, k, dy, *ref_args)
+    dx, dk, db = conv2d_backward(opencl_device, x, k, dy, lowering=lowering, need_dx=False,
+                                 **kw)
+    assert dx is None
+    assert R.rel_err(dk, rdk) <= TOL and R.rel_err(db, rdb) <= TOL
+    future = conv2d_backward(opencl_device, x, k, dy, lowering=lowering, wait=False, **kw)
+    dx2, dk2, db2 = future.result(timeout=60)
+    assert R.rel_err(dx2, R.conv2d_grads(x, k, dy, *ref_args)[0]) <= TOL
+    np.testing.assert_array_equal(dk2, dk)
+
+
 @pytest.mark.parametrize("m,k,n", [(64, 48, 96), (37, 19, 45), (8, 1, 32), (130, 257, 33)])
 @pytest.mark.parametrize("trans_a", [False, True])
 def test_sgemm_matches_numpy(opencl_device, m, k, n, trans_a):

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -139,7 +140,8 @@ def test_worker_environment_is_configurable(opencl_device):
 
 def test_worker_cpus_pin_the_worker_and_bad_values_are_clear(opencl_device):
     """KERAS_CCT_WORKER_CPUS confines the worker and every thread it starts (PoCL's too) to the
-    given cores; a malformed list makes the start fail with a WorkerError that quotes it."""
+    given cores, and the client's device thread (which copies the arrays) with them; a malformed
+    list makes the start fail with a WorkerError that quotes it."""
     name = opencl_device
     last = max(os.sched_getaffinity(0))
     client = WorkerClient(parse_opencl_name(name), {"KERAS_CCT_WORKER_CPUS": str(last)},
@@ -149,6 +151,9 @@ def test_worker_cpus_pin_the_worker_and_bad_values_are_clear(opencl_device):
         tasks = os.listdir(f"/proc/{client.pid}/task")
         for tid in tasks:
             assert os.sched_getaffinity(int(tid)) == {last}
+        device_thread = client._thread
+        assert device_thread.is_alive() and device_thread is not threading.current_thread()
+        assert os.sched_getaffinity(device_thread.native_id) == {last}
     finally:
         client.stop()
     bad = WorkerClient(parse_opencl_name(name), {"KERAS_CCT_WORKER_CPUS": "1-x"}, name=name)

@@ -7,17 +7,26 @@ that the client grows as needed; only small requests are pickled. A worker that 
 SIGKILL) is restarted transparently and the request retried once; errors inside it come back as
 :class:`~keras_cct.errors.OpenCLError` (with the OpenCL message and build log) or
 :class:`~keras_cct.errors.WorkerError`.
+
+Requests are asynchronous, like a GPU stream: :meth:`WorkerClient.submit` queues one and
+returns a :class:`concurrent.futures.Future` at once; the client's *device thread* copies the
+inputs into the arena, talks to the worker and copies the outputs back, one request at a time,
+in order. So the caller (e.g. a TensorFlow op that launches a shard, then computes its own) is
+not held up by the transfers, and with ``KERAS_CCT_WORKER_CPUS`` the device thread runs on the
+device's own cores, like a DMA engine, not on the caller's.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import queue
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import Future
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from typing import Dict, Mapping, Optional, Tuple
@@ -25,6 +34,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from keras_cct.errors import DeviceError, OpenCLError, WorkerError
+from keras_cct.devices.opencl.worker import parse_cpus
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 ALIGN = 4096
@@ -88,6 +98,10 @@ class WorkerClient:
         self._attached = False
         self._pid_owner = os.getpid()
         self.starts = 0
+        self._thread_lock = threading.Lock()
+        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._thread_cpus: Optional[frozenset] = None
 
     # -- life cycle -----------------------------------------------------------------------------
     @property
@@ -226,7 +240,7 @@ class WorkerClient:
     def call(self, cmd: str, inputs: Optional[Mapping[str, np.ndarray]] = None,
              outputs: Optional[Mapping[str, Tuple[Tuple[int, ...], type]]] = None,
              **kwargs):
-        """Run ``cmd`` in the worker with arrays crossing through shared memory.
+        """Run ``cmd`` in the worker with arrays crossing through shared memory, and wait.
 
         Args:
             cmd: a worker command (``worker.Worker.cmd_*``).
@@ -243,21 +257,79 @@ class WorkerClient:
             WorkerError: the worker died twice in a row, or failed unexpectedly.
             DeviceError: the worker rejected the request (bad shape or arguments).
         """
-        inputs = dict(inputs or {})
-        outputs = dict(outputs or {})
+        return self.submit(cmd, inputs, outputs, **kwargs).result()
+
+    def submit(self, cmd: str, inputs: Optional[Mapping[str, np.ndarray]] = None,
+               outputs: Optional[Mapping[str, Tuple[Tuple[int, ...], type]]] = None,
+               **kwargs) -> Future:
+        """Queue a request (the arguments of :meth:`call`) and return at once.
+
+        The inputs are read later, on the device thread: they must not change until the
+        future is done. The future's result is :meth:`call`'s; its exception one of
+        :meth:`call`'s errors. Requests run one at a time, in the order submitted.
+        """
+        future: Future = Future()
+        job = (future, cmd, dict(inputs or {}), dict(outputs or {}), kwargs)
+        with self._thread_lock:  # not self._lock: that one is held while a request runs
+            self._start_thread()
+            self._jobs.put(job)
+        return future
+
+    # -- the device thread ----------------------------------------------------------------------
+    def _start_thread(self) -> None:  # with self._thread_lock held
+        if self._pid_owner != os.getpid():  # forked: the child must not share our worker
+            self._proc, self._conn, self._shm, self._arena = None, None, None, None
+            self._attached = False
+            self._pid_owner = os.getpid()
+            self._thread, self._jobs = None, queue.SimpleQueue()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._serve, name=f"cct-{self.name}",
+                                            daemon=True)
+            self._thread_cpus = None
+            self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            future, cmd, inputs, outputs, kwargs = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                self._pin_thread()
+                result = self._run(cmd, inputs, outputs, kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            del future, inputs, outputs, kwargs  # do not keep the arrays alive while idle
+
+    def _pin_thread(self) -> None:
+        """Run this (device) thread on the worker's CPUs when ``KERAS_CCT_WORKER_CPUS`` confines
+        the worker: the transfers are the device's work, not its caller's."""
+        text = worker_environment(self.env, self.spec).get("KERAS_CCT_WORKER_CPUS", "").strip()
+        try:
+            cpus = frozenset(parse_cpus(text)) if text else None
+        except ValueError as exc:
+            raise WorkerError(f"OpenCL device {self.name}: {exc}") from None
+        if cpus == self._thread_cpus or not hasattr(os, "sched_setaffinity"):
+            return
+        # None: back to the process' own CPUs (those of the thread that started us)
+        os.sched_setaffinity(0, cpus if cpus else os.sched_getaffinity(self._pid_owner))
+        self._thread_cpus = cpus
+
+    def _run(self, cmd: str, inputs: Dict[str, np.ndarray],
+             outputs: Dict[str, Tuple[Tuple[int, ...], type]], kwargs: dict):
         with self._lock:
             for attempt in (0, 1):
                 self._ensure()
                 layout, total = {}, 0
-                arrays = {}
                 for k, a in inputs.items():
-                    arrays[k] = a
                     layout[k] = total
                     total += -(-max(a.nbytes, 1) // ALIGN) * ALIGN
                 for k, (shape, dtype) in outputs.items():
                     layout[k] = total
                     total += -(-max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
                                // ALIGN) * ALIGN
+                args = kwargs
                 try:
                     if layout:
                         arena = self._arena_for(total)
@@ -265,11 +337,11 @@ class WorkerClient:
                             self._raise(self._exchange(
                                 "attach", {"name": self._shm.name, "size": self._shm.size}))
                             self._attached = True
-                        for k, a in arrays.items():
+                        for k, a in inputs.items():
                             dst = np.ndarray(a.shape, a.dtype, buffer=arena, offset=layout[k])
                             np.copyto(dst, a)
-                        kwargs = dict(kwargs, off=layout)
-                    reply = self._exchange(cmd, kwargs)
+                        args = dict(kwargs, off=layout)
+                    reply = self._exchange(cmd, args)
                 except _WorkerDied as exc:
                     if attempt == 0:
                         continue  # every command is a pure function of its inputs: retry once

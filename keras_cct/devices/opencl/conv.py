@@ -8,7 +8,8 @@ them into a differentiable op for each Keras backend.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from concurrent.futures import Future
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
@@ -65,9 +66,29 @@ def _plan(x_shape, k_shape, strides, padding, dilation_rate, groups, lowering):
     return geom, g, lowering
 
 
+def _then(future: Future, fn: Callable) -> Future:
+    """A future of ``fn(future.result())``."""
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            out.set_exception(exc)
+
+    future.add_done_callback(done)
+    return out
+
+
+def _ready(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
 def conv2d_forward(device: str, x, kernel, bias=None, *, strides=1,
                    padding: PaddingArg = "valid", dilation_rate=1, groups: int = 1,
-                   lowering: str = "auto") -> np.ndarray:
+                   lowering: str = "auto", wait: bool = True):
     """Channels-last float32 convolution computed on OpenCL device ``device``.
 
     Args:
@@ -78,9 +99,12 @@ def conv2d_forward(device: str, x, kernel, bias=None, *, strides=1,
         strides, padding, dilation_rate, groups: as :func:`conv_geometry`.
         lowering: ``"type1"`` (im2col), ``"type2"`` (lowered along the height, lifted along
             the width), ``"type3"`` (shift-and-add) or ``"auto"``.
+        wait: False: validate, queue the request on the device and return a
+            :class:`concurrent.futures.Future` of the result at once (``x``, ``kernel`` and
+            ``bias`` must not change until it is done).
 
     Returns:
-        ``(batch, out_h, out_w, filters)`` float32.
+        ``(batch, out_h, out_w, filters)`` float32 (its future with ``wait=False``).
 
     Raises:
         LoweringError: inconsistent shapes or arguments. DeviceError: a dtype other than
@@ -98,19 +122,23 @@ def conv2d_forward(device: str, x, kernel, bias=None, *, strides=1,
         inputs["b"] = bias
     out_shape = (g["N"], geom.out_h, geom.out_w, geom.filters)
     if g["N"] == 0:
-        return np.zeros(out_shape, np.float32)
-    _, outs = client_for(device).call("conv_forward", inputs, {"y": (out_shape, np.float32)},
-                                      g=g, lowering=lowering, chunk_bytes=CHUNK_BYTES)
-    return outs["y"]
+        future = _ready(np.zeros(out_shape, np.float32))
+    else:
+        future = _then(client_for(device).submit(
+            "conv_forward", inputs, {"y": (out_shape, np.float32)}, g=g, lowering=lowering,
+            chunk_bytes=CHUNK_BYTES), lambda reply: reply[1]["y"])
+    return future.result() if wait else future
 
 
 def conv2d_backward(device: str, x, kernel, dy, *, strides=1, padding: PaddingArg = "valid",
                     dilation_rate=1, groups: int = 1, lowering: str = "auto",
-                    with_bias: bool = True) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+                    with_bias: bool = True, need_dx: bool = True, wait: bool = True):
     """Gradients ``(dx, dkernel, dbias)`` of ``sum(conv2d_forward(...) * dy)`` on ``device``.
 
-    ``dbias`` is None when ``with_bias`` is False. Same arguments and errors as
-    :func:`conv2d_forward`; ``dy`` has the forward output's shape.
+    ``dbias`` is None when ``with_bias`` is False, ``dx`` None (and not computed) when
+    ``need_dx`` is False (e.g. a network's first layer). Same arguments (``wait=False``: a
+    future of the triple) and errors as :func:`conv2d_forward`; ``dy`` has the forward
+    output's shape.
     """
     x = _f32("x", x, "(the input)")
     kernel = _f32("kernel", kernel, "")
@@ -121,15 +149,20 @@ def conv2d_backward(device: str, x, kernel, dy, *, strides=1, padding: PaddingAr
     if dy.shape != out_shape:
         raise LoweringError(f"`dy` must have the output's shape {out_shape}, got {dy.shape}")
     if g["N"] == 0:
-        return (np.zeros(x.shape, np.float32), np.zeros(kernel.shape, np.float32),
-                np.zeros((geom.filters,), np.float32) if with_bias else None)
-    outputs = {"dx": (x.shape, np.float32), "dw": (kernel.shape, np.float32)}
+        future = _ready((np.zeros(x.shape, np.float32) if need_dx else None,
+                         np.zeros(kernel.shape, np.float32),
+                         np.zeros((geom.filters,), np.float32) if with_bias else None))
+        return future.result() if wait else future
+    outputs = {"dw": (kernel.shape, np.float32)}
+    if need_dx:
+        outputs["dx"] = (x.shape, np.float32)
     if with_bias:
         outputs["db"] = ((geom.filters,), np.float32)
-    _, outs = client_for(device).call("conv_backward", {"x": x, "w": kernel, "dy": dy},
-                                      outputs, g=g, lowering=lowering, chunk_bytes=CHUNK_BYTES,
-                                      min_rows=MIN_ROWS_BACKWARD)
-    return outs["dx"], outs["dw"], outs.get("db")
+    future = _then(client_for(device).submit(
+        "conv_backward", {"x": x, "w": kernel, "dy": dy}, outputs, g=g, lowering=lowering,
+        chunk_bytes=CHUNK_BYTES, min_rows=MIN_ROWS_BACKWARD),
+        lambda reply: (reply[1].get("dx"), reply[1]["dw"], reply[1].get("db")))
+    return future.result() if wait else future
 
 
 def sgemm(device: str, a, b, *, trans_a: bool = False) -> np.ndarray:

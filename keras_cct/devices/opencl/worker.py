@@ -433,12 +433,12 @@ class Conv:
             nb = min(nbc, g["N"] - n0)
             rows = nb * rows_img
             offdy = off["dy"] // 4 + n0 * rows_img * F
-            # dcol = dy * W^T, then col2im -> dx
-            e.gemm(rows, K, og, e.abuf, offdy, F, og, wt, 0, K, og * K,
-                   dcol, 0, G * K, K, groups=G)
-            e.launch("col2im", (nb * g["H"],), dcol, np.int64(0),
-                               e.abuf, np.int64(off["dx"] // 4 + n0 * g["H"] * g["W"] * g["C"]),
-                               *hw, np.int32(g["C"]), *rest)
+            if off.get("dx") is not None:  # dcol = dy * W^T, then col2im -> dx
+                e.gemm(rows, K, og, e.abuf, offdy, F, og, wt, 0, K, og * K,
+                       dcol, 0, G * K, K, groups=G)
+                e.launch("col2im", (nb * g["H"],), dcol, np.int64(0), e.abuf,
+                                   np.int64(off["dx"] // 4 + n0 * g["H"] * g["W"] * g["C"]),
+                                   *hw, np.int32(g["C"]), *rest)
             # dW (+)= col^T * dy, with col^T lowered directly
             e.launch("im2colT", (g["kh"], nb * g["oh"]), e.abuf,
                                 np.int64(off["x"] // 4 + n0 * g["H"] * g["W"] * g["C"]), colT,
@@ -510,10 +510,12 @@ class Conv:
                                D, np.int64(0), *lhw, np.int32(g["C"]), *lrest)
             e.launch("unlift3", (g["kw"], rows), e.abuf, np.int64(offdy), dT,
                                 np.int64(0), *fhw, np.int32(F), *frest)
-            e.gemm(rows, K, L, dT, 0, G * L, L, w2t, 0, K, L * K, dD, 0, G * K, K, groups=G)
-            e.launch("col2im", (nb * g["H"],), dD, np.int64(0), e.abuf,
-                               np.int64(off["dx"] // 4 + n0 * g["H"] * W * g["C"]),
-                               *lhw, np.int32(g["C"]), *lrest)
+            if off.get("dx") is not None:
+                e.gemm(rows, K, L, dT, 0, G * L, L, w2t, 0, K, L * K, dD, 0, G * K, K,
+                       groups=G)
+                e.launch("col2im", (nb * g["H"],), dD, np.int64(0), e.abuf,
+                                   np.int64(off["dx"] // 4 + n0 * g["H"] * W * g["C"]),
+                                   *lhw, np.int32(g["C"]), *lrest)
             e.gemm(K, L, rows, D, 0, G * K, K, dT, 0, G * L, L, dw2, 0, L, K * L, groups=G,
                    trans_a=True, beta=int(n0 > 0))
             if off.get("db") is not None:
@@ -569,8 +571,9 @@ class Conv:
             offx = off["x"] // 4 + n0 * pix * g["C"]
             e.launch("unlift3", (kk, nb * pix), e.abuf, np.int64(offdy), dT,
                                 np.int64(0), *hw, np.int32(F), *rest)
-            e.gemm(nb * pix, cg, L, dT, 0, G * L, L, w3t, 0, cg, L * cg,
-                   e.abuf, off["dx"] // 4 + n0 * pix * g["C"], g["C"], cg, groups=G)
+            if off.get("dx") is not None:
+                e.gemm(nb * pix, cg, L, dT, 0, G * L, L, w3t, 0, cg, L * cg,
+                       e.abuf, off["dx"] // 4 + n0 * pix * g["C"], g["C"], cg, groups=G)
             e.gemm(cg, L, nb * pix, e.abuf, offx, g["C"], cg, dT, 0, G * L, L,
                    dw3, 0, L, cg * L, groups=G, trans_a=True, beta=int(n0 > 0))
             if off.get("db") is not None:
@@ -686,8 +689,8 @@ class Worker:
         conv.min_rows_backward = int(min_rows)
         s = self._conv_sizes(g)
         ins = {"x": s["x"], "w": s["w"], "dy": s["y"]}
-        outs = {"dx": s["x"], "dw": s["w"], "db": s["b"]}
-        for k in ("x", "w", "dy", "dx", "dw"):
+        outs = {"dx": s["x"], "dw": s["w"], "db": s["b"]}  # dx, db: only when asked for
+        for k in ("x", "w", "dy", "dw"):
             _check(k in off, f"no offset for {k!r}")
         self._arrays(off, dict(ins, **outs))
         self._arrays(off, ins, True)
