@@ -149,14 +149,16 @@ def _strategy_table(strategy, model) -> List[str]:
     """The CCTStrategy's split of ``model``'s convolutions at the end of training: one line per
     layer and device (the TEST nets' layers of the same names have their own plans and are
     left out)."""
-    lines = ["CCTStrategy split of the TRAIN net (fractions now; images and forward ms of the "
-             "last step):",
-             f"{'layer':>16} {'device':>14} {'fraction':>8} {'images':>6} {'ms':>8}"]
+    lines = ["CCTStrategy split of the TRAIN net (forward and backward fractions now; images "
+             "and ms of the last step):",
+             f"{'layer':>16} {'device':>14} {'fwd':>6} {'images':>6} {'ms':>8} "
+             f"{'bwd':>6} {'images':>6} {'ms':>8}"]
     rows = strategy.report(layers=model.layers)
     for row in rows:
         state = "" if row["active"] else "  (dropped)"
-        lines.append(f"{row['layer']:>16} {row['device']:>14} {row['fraction']:8.3f} "
-                     f"{row['images']:6d} {row['last_ms']:8.2f}{state}")
+        lines.append(f"{row['layer']:>16} {row['device']:>14} {row['fraction']:6.3f} "
+                     f"{row['images']:6d} {row['last_ms']:8.2f} {row['bwd_fraction']:6.3f} "
+                     f"{row['bwd_images']:6d} {row['last_bwd_ms']:8.2f}{state}")
     count = len(rows)
     if not count:
         lines.append("  (no convolution ran under the strategy)")

@@ -7,20 +7,27 @@ How a strategy-bound :class:`~keras_cct.HybridConv2D` computes (TensorFlow backe
    from the layer's current fractions, so fractions can change between steps (rebalancing, a
    dropped device) without retracing the training function.
 2. ``tf.split`` cuts the batch into contiguous shards; each runs on its device -- TF devices under
-   ``tf.device`` with their own lowering, OpenCL devices through their worker process
-   (``tf.numpy_function(stateful=False)`` inside a custom gradient, so TF overlaps it with the
-   other shards) -- and ``tf.concat`` joins them in order. Gradients are autodiff's exact sums
-   over shards: the split changes speed, never results.
-3. Each shard's forward time is recorded (host markers around TF shards, the callback itself for
-   OpenCL); with ``rebalance=True`` the fractions move toward equal finish times in smoothed,
-   bounded steps.
-4. If an OpenCL device fails during a step, its shard is recomputed on the host, the device is
+   ``tf.device`` with their own lowering, OpenCL devices through their worker process -- and
+   ``tf.concat`` joins them in order. Gradients are autodiff's exact sums over shards: the split
+   changes speed, never results.
+3. OpenCL shards are asynchronous, like GPU launches: one op queues the request on the device
+   (the client's device thread copies the data and talks to the worker) and returns a ticket,
+   the TF shards start only after every launch, and another op collects the result. The
+   backward pass does the same (the OpenCL gradients are launched before the TF shards'
+   gradients start). Without this, a host thread that must wait for a core held by a TF shard
+   would start its device late and the shards would run one after the other.
+4. Each shard's forward and backward times are recorded (host markers around TF shards, the
+   request's own completion for OpenCL); with ``rebalance=True`` the fractions move toward
+   equal finish times in smoothed, bounded steps.
+5. If an OpenCL device fails during a step, its shard is recomputed on the host, the device is
    dropped with a :class:`~keras_cct.errors.DeviceDroppedWarning`, and training goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import threading
 import time
 import warnings
@@ -29,7 +36,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from keras_cct.errors import DeviceDroppedWarning, DeviceError
-from keras_cct.strategy import context
+from keras_cct.strategy import context, host
 
 SPLITS = ("flops", "measure")
 
@@ -48,106 +55,76 @@ def _tf_device_name(name: str) -> str:
     return f"/{kind.upper()}:{index}"
 
 
-def _backward_marker(plan: "_LayerPlan", i: int, event: str):
-    """An identity whose gradient records backward ``event`` of shard ``i`` when the gradient
-    passes through it (on the output: the shard's backward starts; on its input and kernel:
-    a gradient of the shard is done)."""
-    import tensorflow as tf
+PHASES = ("forward", "backward")
 
-    def mark(_):
-        plan.mark_backward(i, event)
-        return np.int64(0)
 
-    @tf.custom_gradient
-    def identity(t):
-        def grad(dt):
-            done = tf.numpy_function(mark, [tf.reshape(dt, [-1])[:1]], tf.int64, stateful=True,
-                                     name=f"cct_backward_{event}")
-            with tf.control_dependencies([done]):
-                return tf.identity(dt)
-        return tf.identity(t), grad
+class _Phase:
+    """Split state of one pass (forward or backward) of one layer: fractions over the
+    strategy's devices, the images of the last step, and the devices' times."""
 
-    return identity
+    def __init__(self, fractions: np.ndarray) -> None:
+        n = len(fractions)
+        self.fractions = np.asarray(fractions, np.float64)
+        self.sizes = np.zeros(n, np.int64)
+        self.last: List[Optional[float]] = [None] * n  # seconds of the last step
+        self.ms = np.full(n, np.nan)                    # smoothed over steps
+        self.last_ms = np.full(n, np.nan)
 
 
 class _LayerPlan:
-    """Split state of one layer: fractions over the strategy's devices and the last timings."""
+    """Split state of one layer. The forward and the backward pass are split separately:
+    all their inputs are in host memory, so the backward's shards need not be the forward's,
+    and each pass is balanced on its own times (a device's backward/forward time ratio
+    differs from another's, so one split cannot balance both passes)."""
 
     def __init__(self, strategy: "CCTStrategy", name: str, fractions: np.ndarray) -> None:
         self.strategy = strategy
         self.name = name
         self.lock = threading.Lock()
-        self.fractions = np.asarray(fractions, np.float64)
-        n = len(fractions)
-        self.sizes = np.zeros(n, np.int64)
-        self.last: List[Optional[float]] = [None] * n
-        self.ms = np.full(n, np.nan)
-        self.last_ms = np.full(n, np.nan)
-        self.last_bwd: List[Optional[float]] = [None] * n
-        self.last_bwd_ms = np.full(n, np.nan)
-        self._bwd_start: List[Optional[float]] = [None] * n
+        self.phases = {p: _Phase(fractions) for p in PHASES}
         self.steps = 0
 
     # ---- called from TF's threads through host callbacks
-    def next_sizes(self, batch) -> np.ndarray:
+    def next_sizes(self, phase: str, batch) -> np.ndarray:
+        """This step's shard sizes of ``phase`` (integers summing to ``batch``), after moving
+        its fractions toward equal finish times."""
         batch = int(batch)
         with self.lock:
-            self._rebalance()
-            f = self.fractions * self.strategy.active
+            ph = self.phases[phase]
+            self._rebalance(ph)
+            f = ph.fractions * self.strategy.active
             if f.sum() <= 0:
                 f = self.strategy.active.astype(np.float64)
             f = f / f.sum()
             bounds = np.round(np.cumsum(f) * batch).astype(np.int64)
             bounds[-1] = batch
-            self.sizes = np.diff(np.concatenate([[0], bounds]))
-            self.last = [None] * len(f)
-            self.last_bwd = [None] * len(f)
-            self.steps += 1
-            return self.sizes.astype(np.int32)
+            ph.sizes = np.diff(np.concatenate([[0], bounds]))
+            ph.last = [None] * len(f)
+            if phase == "forward":
+                self.steps += 1
+            return ph.sizes.astype(np.int32)
 
-    def record(self, i: int, seconds: float) -> None:
+    def record(self, phase: str, i: int, seconds: float) -> None:
         with self.lock:
-            self.last[i] = seconds
-            ms = self.last_ms[i] = 1e3 * seconds
-            self.ms[i] = ms if np.isnan(self.ms[i]) else 0.7 * self.ms[i] + 0.3 * ms
+            ph = self.phases[phase]
+            ph.last[i] = seconds
+            ms = ph.last_ms[i] = 1e3 * seconds
+            ph.ms[i] = ms if np.isnan(ph.ms[i]) else 0.7 * ph.ms[i] + 0.3 * ms
 
-    def mark_backward(self, i: int, event: str) -> None:
-        """A backward-pass event of shard ``i``: ``"start"`` (its output gradient arrived) or
-        ``"end"`` (one of its input/kernel gradients is computed; the last one counts)."""
-        now = time.perf_counter()
-        with self.lock:
-            if event == "start":
-                self._bwd_start[i] = now
-            elif self._bwd_start[i] is not None:
-                self._set_backward(i, now - self._bwd_start[i])
-
-    def record_backward(self, i: int, seconds: float) -> None:
-        with self.lock:
-            self._set_backward(i, seconds)
-
-    def _set_backward(self, i: int, seconds: float) -> None:  # with self.lock held
-        self.last_bwd[i] = seconds
-        self.last_bwd_ms[i] = 1e3 * seconds
-
-    def _rebalance(self) -> None:
+    def _rebalance(self, ph: _Phase) -> None:  # with self.lock held
         s = self.strategy
         if not s.rebalance:
             return
-        busy = [i for i, n in enumerate(self.sizes) if n > 0 and s.active[i]]
-        if len(busy) < 2 or any(self.last[i] is None or self.last[i] <= 0 for i in busy):
+        busy = [i for i, n in enumerate(ph.sizes) if n > 0 and s.active[i]]
+        if len(busy) < 2 or any(ph.last[i] is None or ph.last[i] <= 0 for i in busy):
             return
-        # training steps: balance forward + backward time (the devices' backward/forward
-        # ratios differ); forward-only steps (predict) balance the forward
-        seconds = [self.last[i] for i in busy]
-        if all(self.last_bwd[i] is not None and self.last_bwd[i] > 0 for i in busy):
-            seconds = [self.last[i] + self.last_bwd[i] for i in busy]
-        rates = np.array([self.sizes[i] / t for i, t in zip(busy, seconds)])
-        share = self.fractions[busy].sum()
+        rates = np.array([ph.sizes[i] / ph.last[i] for i in busy])
+        share = ph.fractions[busy].sum()
         target = rates / rates.sum() * share
-        step = np.clip(s.smoothing * (target - self.fractions[busy]), -s.max_step, s.max_step)
-        f = self.fractions.copy()
+        step = np.clip(s.smoothing * (target - ph.fractions[busy]), -s.max_step, s.max_step)
+        f = ph.fractions.copy()
         f[busy] = np.maximum(f[busy] + step, s.min_fraction)
-        self.fractions = f / f.sum()
+        ph.fractions = f / f.sum()
 
 
 class CCTStrategy:
@@ -208,6 +185,8 @@ class CCTStrategy:
         self._plans: Dict[int, _LayerPlan] = {}
         self._flops: Optional[np.ndarray] = None
         self._lock = threading.Lock()
+        self._tickets: Dict[int, object] = {}
+        self._next_ticket = itertools.count(1)
 
     @property
     def device_names(self) -> List[str]:
@@ -281,17 +260,20 @@ class CCTStrategy:
                 self._plans[key] = plan
         return plan
 
-    def fractions(self, layer) -> Dict[str, float]:
-        """The current fractions of ``layer`` (a strategy-bound HybridConv2D), by device."""
-        plan = self._plans[id(layer)]
-        f = plan.fractions * self.active
+    def fractions(self, layer, phase: str = "forward") -> Dict[str, float]:
+        """The current fractions of ``layer`` (a strategy-bound HybridConv2D), by device, of
+        its ``"forward"`` or ``"backward"`` pass."""
+        if phase not in PHASES:
+            raise ValueError(f"`phase` must be one of {PHASES}, got {phase!r}")
+        f = self._plans[id(layer)].phases[phase].fractions * self.active
         f = f / f.sum()
         return dict(zip(self.device_names, map(float, f)))
 
     def report(self, layers: Optional[Sequence[object]] = None) -> List[Dict[str, object]]:
-        """Per layer and device: the fraction in use, the images of the last step, the forward
-        milliseconds of its shard (``ms`` smoothed over steps, ``last_ms`` of the last step), the
-        backward milliseconds of its last training step (``last_bwd_ms``, NaN before one), and
+        """Per layer and device: the forward fraction in use (``fraction``), the images of the
+        last forward (``images``), the forward milliseconds of its shard (``ms`` smoothed over
+        steps, ``last_ms`` of the last step); the same for the backward pass of training steps
+        (``bwd_fraction``, ``bwd_images``, ``bwd_ms``, ``last_bwd_ms``; NaN before one); and
         whether the device is still active.
 
         Args:
@@ -303,13 +285,15 @@ class CCTStrategy:
         plans = list(self._plans.values()) if layers is None else [
             self._plans[id(layer)] for layer in layers if id(layer) in self._plans]
         for plan in plans:
-            f = plan.fractions * self.active
-            f = f / f.sum()
+            fwd, bwd = (plan.phases[p] for p in PHASES)
+            ff, fb = (ph.fractions * self.active for ph in (fwd, bwd))
+            ff, fb = ff / ff.sum(), fb / fb.sum()
             for i, d in enumerate(self.devices):
-                rows.append({"layer": plan.name, "device": d.name, "fraction": float(f[i]),
-                             "images": int(plan.sizes[i]), "ms": float(plan.ms[i]),
-                             "last_ms": float(plan.last_ms[i]),
-                             "last_bwd_ms": float(plan.last_bwd_ms[i]),
+                rows.append({"layer": plan.name, "device": d.name, "fraction": float(ff[i]),
+                             "images": int(fwd.sizes[i]), "ms": float(fwd.ms[i]),
+                             "last_ms": float(fwd.last_ms[i]),
+                             "bwd_fraction": float(fb[i]), "bwd_images": int(bwd.sizes[i]),
+                             "bwd_ms": float(bwd.ms[i]), "last_bwd_ms": float(bwd.last_ms[i]),
                              "active": bool(self.active[i])})
         return rows
 
@@ -335,105 +319,218 @@ class CCTStrategy:
 
     # ------------------------------------------------------------------------- computing
 
+    def _put_ticket(self, value: object) -> np.int64:
+        """Keep a launched request (its future, an exception, or None) until it is taken."""
+        ticket = next(self._next_ticket)
+        self._tickets[ticket] = value
+        return np.int64(ticket)
+
+    def _take_ticket(self, ticket: int) -> object:
+        return self._tickets.pop(ticket, None)
+
     def split_conv(self, layer, x, kernel, geo, lowering: str, bias=None):
         """``x`` convolved with ``kernel`` (plus ``bias``, added by each shard on its own
         device so that the bias and its gradient are split too), its batch split across the
-        devices."""
+        devices; the backward pass has a split of its own (see :class:`_LayerPlan`).
+
+        OpenCL shards are launched first (queued on their devices, which return at once,
+        like a GPU launch), then the TF shards compute, then the OpenCL results are
+        collected; so the devices overlap whatever the host's thread scheduling.
+        """
         import tensorflow as tf
-        from keras_cct.lowering import _backend
+        from keras_cct.lowering import _backend, conv2d_geo
         plan = self._plan(layer, geo, lowering)
-        n = len(self.devices)
-        sizes = tf.numpy_function(plan.next_sizes, [tf.shape(x)[0]], tf.int32, stateful=True,
-                                  name="cct_shard_sizes")
-        sizes.set_shape((n,))
-        shards = tf.split(x, sizes, num=n, axis=0)
         kernel = _backend.as_tensor(kernel)
-        bias = None if bias is None else _backend.as_tensor(bias)
-        ys = []
-        for i, (device, xi) in enumerate(zip(self.devices, shards)):
-            if device.is_opencl:
-                ys.append(self._opencl_shard(plan, i, xi, kernel, geo, bias))
-            else:
-                ys.append(self._tf_shard(plan, i, xi, kernel, geo, lowering, bias))
-        y = tf.concat(ys, axis=0)
-        # the shards' sizes are run-time values: give the result the input's static batch size
-        y.set_shape([x.shape[0]] + list(y.shape[1:]))
-        return y
+        b = [] if bias is None else [_backend.as_tensor(bias)]
 
-    def _tf_shard(self, plan, i, xi, kernel, geo, lowering, bias=None):
-        import tensorflow as tf
-        from keras_cct.lowering import conv2d_geo
-        clock: Dict[str, float] = {}
-
-        def start(_):
-            clock["t0"] = time.perf_counter()
-            return np.int64(0)
-
-        def end(_):
-            if "t0" in clock:
-                plan.record(i, time.perf_counter() - clock.pop("t0"))
-            return np.int64(0)
-
-        with tf.device(_tf_device_name(self.devices[i].name)):
-            t0 = tf.numpy_function(start, [tf.shape(xi)[0]], tf.int64, stateful=True)
-            with tf.control_dependencies([t0]):
-                xi = tf.identity(xi)
-            xi, kernel = (_backward_marker(plan, i, "end")(t) for t in (xi, kernel))
-            yi = conv2d_geo(xi, kernel, geo, lowering)
-            if bias is not None:
-                yi = yi + _backward_marker(plan, i, "end")(bias)
-            t1 = tf.numpy_function(end, [yi[:1, :1, :1, :1]], tf.int64, stateful=True)
-            with tf.control_dependencies([t1]):
-                yi = tf.identity(yi)
-            return _backward_marker(plan, i, "start")(yi)
-
-    def _opencl_shard(self, plan, i, xi, kernel, geo, bias=None):
-        import tensorflow as tf
-        from keras_cct.devices.opencl.conv import conv2d_backward, conv2d_forward
-        from keras_cct.strategy import host
-        name = self.devices[i].name
-        kw = dict(strides=(geo.sh, geo.sw), padding=geo.pad, dilation_rate=(geo.dh, geo.dw),
-                  groups=geo.groups)
-        with_bias = bias is not None
-
-        def forward(x, k, *b):
-            t0 = time.perf_counter()
-            if self.active[i]:
-                try:
-                    y = conv2d_forward(name, x, k, b[0] if b else None, **kw)
-                    plan.record(i, time.perf_counter() - t0)
-                    return y
-                except DeviceError as exc:
-                    self._drop(i, plan.name, exc)
-            y = host.forward(x, k, geo)
-            return y + b[0] if b else y
-
-        def backward(x, k, dy):
-            if self.active[i]:
-                try:
-                    t0 = time.perf_counter()
-                    dx, dk, db = conv2d_backward(name, x, k, dy, with_bias=with_bias, **kw)
-                    plan.record_backward(i, time.perf_counter() - t0)
-                    return (dx, dk, db) if with_bias else (dx, dk)
-                except DeviceError as exc:
-                    self._drop(i, plan.name, exc)
-            dx, dk = host.backward(x, k, dy, geo)
-            return (dx, dk, dy.sum(axis=(0, 1, 2))) if with_bias else (dx, dk)
+        need_dx = _records_gradient(x)
 
         @tf.custom_gradient
-        def op(x, k, *b):
-            y = tf.numpy_function(forward, [x, k, *b], tf.float32, stateful=False,
-                                  name="cct_opencl_shard")
-            y.set_shape([None, geo.out_h, geo.out_w, geo.filters])
+        def op(x, kernel, *b):
+            bias = b[0] if b else None
+            params = [kernel] + list(b)
+
+            def tf_forward(i, xi):
+                yi = conv2d_geo(xi, kernel, geo, lowering)
+                return [yi if bias is None else yi + bias]
+
+            def tf_backward(i, xi, dyi):
+                with tf.GradientTape() as tape:
+                    tape.watch([xi, kernel])
+                    yi = conv2d_geo(xi, kernel, geo, lowering)
+                grads = tape.gradient(yi, [xi, kernel] if need_dx else [kernel],
+                                      output_gradients=dyi)
+                return grads + ([tf.reduce_sum(dyi, axis=(0, 1, 2))] if b else [])
+
+            def join_backward(parts):
+                sums = [tf.add_n(p) for p in parts[1 if need_dx else 0:]]
+                return [tf.concat(parts[0], axis=0) if need_dx else None] + sums
+
+            (y,) = self._run_split(plan, "forward", geo, x, None, params, tf_forward,
+                                   lambda parts: [tf.concat(parts[0], axis=0)])
+            y.set_shape([x.shape[0], geo.out_h, geo.out_w, geo.filters])
 
             def grad(dy):
-                outs = tf.numpy_function(backward, [x, k, dy],
-                                         [tf.float32] * (3 if with_bias else 2),
-                                         stateful=False, name="cct_opencl_shard_grad")
-                for t, like in zip(outs, (x, k) + b):
-                    t.set_shape(like.shape)
-                return list(outs)
+                outs = self._run_split(plan, "backward", geo, x, dy, params, tf_backward,
+                                       join_backward, need_dx=need_dx)
+                for t, like in zip(outs, [x] + params):
+                    if t is not None:
+                        t.set_shape(like.shape)
+                return outs
 
             return y, grad
 
-        return op(xi, kernel, bias) if with_bias else op(xi, kernel)
+        return op(x, kernel, *b)
+
+    def _run_split(self, plan: _LayerPlan, phase: str, geo, x, dy, params, tf_compute, join,
+                   need_dx: bool = True):
+        """One pass of a split convolution: shard sizes from ``plan``, the OpenCL shards
+        launched, the TF shards computed (``tf_compute(i, x_i[, dy_i])``, timed), the OpenCL
+        results collected, and ``join`` of the per-shard outputs (a list per output; the
+        backward's are ``[dx, dkernel(, dbias)]``, without ``dx`` unless ``need_dx``)."""
+        import tensorflow as tf
+        n = len(self.devices)
+        sizes = tf.numpy_function(functools.partial(plan.next_sizes, phase), [tf.shape(x)[0]],
+                                  tf.int32, stateful=True, name=f"cct_{phase}_sizes")
+        sizes.set_shape((n,))
+        xs = tf.split(x, sizes, num=n, axis=0)
+        dys = [None] * n if dy is None else tf.split(dy, sizes, num=n, axis=0)
+        launched = {i: _OpenCLShard(self, plan, phase, i, geo, xs[i], dys[i], params, need_dx)
+                    for i, d in enumerate(self.devices) if d.is_opencl}
+        tickets = [shard.ticket for shard in launched.values()]
+        outs: List[Optional[list]] = [None] * n
+        for i, d in enumerate(self.devices):
+            if i in launched:
+                continue
+            with tf.device(_tf_device_name(d.name)):
+                with tf.control_dependencies(tickets):  # after every launch
+                    inputs = [tf.identity(xs[i])] + ([] if dy is None else [tf.identity(dys[i])])
+                outs[i] = _timed(functools.partial(plan.record, phase, i), inputs,
+                                 lambda *t, i=i: tf_compute(i, *t))
+        for i, shard in launched.items():
+            outs[i] = shard.collect()
+        return join([list(parts) for parts in zip(*outs)])
+
+
+def _records_gradient(x) -> bool:
+    """Whether a gradient tape records ``x``'s history, i.e. whether anything can ask for the
+    gradient with respect to ``x`` (False for a network's input: then its convolution's input
+    gradient, the whole col2im, is not computed). True when it cannot be told."""
+    try:
+        from tensorflow.python.eager import record
+        return bool(record.should_record_backprop([x]))
+    except Exception:  # noqa: BLE001 - a TF without this (private) helper: assume it is
+        return True
+
+
+def _timed(record, inputs, compute):
+    """``compute(*inputs)`` between two host markers; ``record(seconds)`` gets the time."""
+    import tensorflow as tf
+    clock: Dict[str, float] = {}
+
+    def start(_):
+        clock["t0"] = time.perf_counter()
+        return np.int64(0)
+
+    def end(*_):
+        if "t0" in clock:
+            record(time.perf_counter() - clock.pop("t0"))
+        return np.int64(0)
+
+    t0 = tf.numpy_function(start, [tf.shape(inputs[0])[0]], tf.int64, stateful=True,
+                           name="cct_shard_start")
+    with tf.control_dependencies([t0]):
+        inputs = [tf.identity(t) for t in inputs]
+    outs = compute(*inputs)
+    t1 = tf.numpy_function(end, [tf.reshape(o, [-1])[:1] for o in outs], tf.int64,
+                           stateful=True, name="cct_shard_end")
+    with tf.control_dependencies([t1]):
+        return [tf.identity(o) for o in outs]
+
+
+class _OpenCLShard:
+    """One OpenCL shard of one pass of a split convolution, computed asynchronously.
+
+    ``ticket`` (an int64 tensor) launches the request on the device; :meth:`collect` waits
+    for it and returns the outputs (forward: ``[y]``; backward: ``[dx, dkernel(, dbias)]``).
+    If the device fails, the shard is recomputed on the host (:mod:`keras_cct.strategy.host`)
+    and the device dropped.
+    """
+
+    def __init__(self, strategy: CCTStrategy, plan: _LayerPlan, phase: str, i: int, geo,
+                 x, dy, params, need_dx: bool = True) -> None:
+        import tensorflow as tf
+        self.strategy, self.plan, self.phase, self.i, self.geo = strategy, plan, phase, i, geo
+        self.need_dx = need_dx
+        self.name = strategy.devices[i].name
+        self.with_bias = len(params) == 2
+        self.inputs = [x] + ([] if dy is None else [dy]) + list(params)
+        self.kw = dict(strides=(geo.sh, geo.sw), padding=geo.pad,
+                       dilation_rate=(geo.dh, geo.dw), groups=geo.groups)
+        self.ticket = tf.numpy_function(self._launch, self.inputs, tf.int64, stateful=False,
+                                        name=f"cct_opencl_launch_{phase}")
+
+    def _launch(self, *arrays) -> np.int64:
+        """Queue the request on the device; returns the ticket :meth:`_collect` takes. An
+        inactive device, or one that refuses the request, gets none (the collector then
+        computes on the host)."""
+        from keras_cct.devices.opencl import conv
+        s = self.strategy
+        t0 = time.perf_counter()
+        future: object = None
+        if s.active[self.i]:
+            try:
+                if self.phase == "forward":
+                    x, k, *b = arrays
+                    future = conv.conv2d_forward(self.name, x, k, b[0] if b else None,
+                                                 wait=False, **self.kw)
+                else:
+                    x, dy, k = arrays[:3]
+                    future = conv.conv2d_backward(self.name, x, k, dy, wait=False,
+                                                  with_bias=self.with_bias,
+                                                  need_dx=self.need_dx, **self.kw)
+                future.add_done_callback(lambda f: f.exception() is None and self.plan.record(
+                    self.phase, self.i, time.perf_counter() - t0))
+            except DeviceError as exc:
+                future = exc
+        return s._put_ticket(future)
+
+    def _collect(self, ticket, *arrays):
+        s = self.strategy
+        future = s._take_ticket(int(ticket))
+        try:
+            if isinstance(future, BaseException):
+                raise future
+            if future is not None:
+                out = future.result()
+                return [out] if self.phase == "forward" else self._backward_outputs(*out)
+        except DeviceError as exc:
+            s._drop(self.i, self.plan.name, exc)
+        # on the host
+        if self.phase == "forward":
+            x, k, *b = arrays
+            y = host.forward(x, k, self.geo)
+            return [y + b[0] if b else y]
+        x, dy, k = arrays[:3]
+        dx, dk = host.backward(x, k, dy, self.geo)
+        return self._backward_outputs(dx, dk, dy.sum(axis=(0, 1, 2)))
+
+    def _backward_outputs(self, dx, dk, db) -> list:
+        return ([dx] if self.need_dx else []) + [dk] + ([db] if self.with_bias else [])
+
+    def collect(self) -> list:
+        import tensorflow as tf
+        n_out = 1 if self.phase == "forward" else (
+            int(self.need_dx) + 1 + int(self.with_bias))
+        outs = tf.numpy_function(self._collect, [self.ticket] + self.inputs,
+                                 [tf.float32] * n_out, stateful=False,
+                                 name=f"cct_opencl_shard_{self.phase}")
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        geo = self.geo
+        if self.phase == "forward":
+            outs[0].set_shape([None, geo.out_h, geo.out_w, geo.filters])
+        else:
+            x, _, *params = self.inputs
+            for t, like in zip(outs, ([x] if self.need_dx else []) + params):
+                t.set_shape(like.shape)
+        return list(outs)

@@ -68,6 +68,27 @@ def test_outputs_and_gradients_equal_single_device(opencl, devices, fractions, b
     assert sizes == list(expected)
 
 
+def test_a_backward_split_unlike_the_forward_gives_the_same_gradients(opencl):
+    """The backward pass re-splits the batch by its own fractions (shards of x and dy that
+    differ from the forward's); the gradients are still the single-device ones."""
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.7, 0.3], rebalance=False)
+    split, plain = _pair(s, (10, 9, 9, 4), filters=6, kernel_size=3, padding=1)
+    split(np.zeros((10, 9, 9, 4), "float32"))  # makes the layer's plan
+    s._plans[id(split)].phases["backward"].fractions = np.array([0.2, 0.8])
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((10, 9, 9, 4)).astype("float32")
+    dy = rng.standard_normal((10, 9, 9, 6)).astype("float32")
+    y, g = layer_grads(split, x, dy)
+    y0, g0 = layer_grads(plain, x, dy)
+    assert ref.rel_err(y, y0) <= 1e-5
+    for a, b in zip(g, g0):
+        assert ref.rel_err(a, b) <= 1e-5
+    rows = s.report()
+    assert [r["images"] for r in rows] == [7, 3]
+    assert [r["bwd_images"] for r in rows] == [2, 8]
+    assert s.fractions(split, "backward") == pytest.approx({"tf:cpu:0": 0.2, "opencl:0:0": 0.8})
+
+
 def _model(strategy=None):
     keras.utils.set_random_seed(3)
     scope = strategy.scope() if strategy else _nullscope()
@@ -148,10 +169,10 @@ def test_rebalancing_moves_work_away_from_a_slow_device(opencl, monkeypatch):
     assert len(log.history) == 2
 
 
-def test_rebalancing_counts_the_backward_pass(opencl, monkeypatch):
-    """Training steps balance forward + backward time. Here TF's forward is made slow (a
-    forward-only balance would move work to OpenCL) and OpenCL's backward much slower: the
-    work must end up on TF, and the report has both times for every device."""
+def test_forward_and_backward_are_balanced_separately(opencl, monkeypatch):
+    """Each pass has its own split, balanced on its own times. Here every TF convolution is
+    made 30 ms slower (the forward's work must move to OpenCL) and OpenCL's backward 200 ms
+    slower (the backward's work must move to TF); the report has both times and splits."""
     import time as _time
 
     import tensorflow as tf
@@ -180,10 +201,16 @@ def test_rebalancing_counts_the_backward_pass(opencl, monkeypatch):
     x, y = _data(40)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     rows = s.report()
-    assert all(r["fraction"] < 0.3 for r in rows if r["device"] == "opencl:0:0"), rows
-    assert all(np.isfinite(r["last_bwd_ms"]) and r["last_bwd_ms"] > 0 for r in rows), rows
     cl = [r for r in rows if r["device"] == "opencl:0:0"]
+    assert all(r["fraction"] > 0.7 and r["bwd_fraction"] < 0.3 for r in cl), [
+        {k: r[k] for k in ("fraction", "bwd_fraction", "bwd_images", "last_ms", "last_bwd_ms")}
+        for r in rows]
+    assert all(np.isfinite(r["last_bwd_ms"]) and r["last_bwd_ms"] > 0 for r in rows), rows
     assert all(r["last_bwd_ms"] >= 200 for r in cl), cl  # the sleep is inside the timing
+    for layer in model.layers:
+        if isinstance(layer, HybridConv2D):
+            fwd, bwd = s.fractions(layer), s.fractions(layer, "backward")
+            assert fwd["opencl:0:0"] > 0.7 and bwd["opencl:0:0"] < 0.3
 
 
 def test_worker_killed_mid_fit_is_survived(opencl):
