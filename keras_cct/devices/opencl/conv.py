@@ -9,7 +9,7 @@ them into a differentiable op for each Keras backend.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Callable, Optional, Tuple
+from typing import Callable
 
 import numpy as np
 
