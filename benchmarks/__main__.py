@@ -104,7 +104,7 @@ def _rq4(d: dict) -> str:
     balance = d["configs"]["hybrid"].get("balance_efficiency")
     return (f"hybrid / (TF 1 core + OpenCL 1 core): conv2 {s['hybrid_vs_ideal']:.2f}, "
             f"small model {m['hybrid_vs_ideal']:.2f}; hybrid / TF on all cores: conv2 "
-            f"{s['hybrid_vs_tf2']:.2f}"
+            f"{s['hybrid_vs_tf2']:.2f}, small model {m['hybrid_vs_tf2']:.2f}"
             + (f"; balance efficiency {balance:.2f}" if balance is not None else ""))
 
 
