@@ -599,7 +599,7 @@ class CaffeDeconvolution(keras.layers.Layer):
         oh, ow = self._out(h, kh, sh, ph, dh), self._out(w, kw, sw, pw, dw)
         full_h, full_w = oh + 2 * ph, ow + 2 * pw
         g = self.groups
-        cg, og = c // g, self.filters // g
+        cg = c // g
         outs = []
         for i in range(g):
             xi = x[..., i * cg:(i + 1) * cg] if g > 1 else x

@@ -154,9 +154,9 @@ def test_transformer_train_random_crop_and_mirror():
 def test_data_layer_batches_cycle_in_key_order(tmp_path, images):
     x, y = images
     write_arrays(tmp_path / "db", x, y)
-    src = data_source(layer(f'name: "d" type: "Data" top: "data" top: "label" '
-                            f'data_param {{ source: "db" batch_size: 4 backend: LMDB }} '
-                            f'transform_param {{ scale: 0.1 }}'),
+    src = data_source(layer('name: "d" type: "Data" top: "data" top: "label" '
+                            'data_param { source: "db" batch_size: 4 backend: LMDB } '
+                            'transform_param { scale: 0.1 }'),
                       phase="TEST", base_dirs=[tmp_path])
     assert src.shapes == {"data": (6, 5, 3), "label": ()} and src.size == 7
     it = src.batches()

@@ -10,14 +10,13 @@ import sys
 import numpy as np
 import pytest
 
-from keras_cct.caffe import proto
 from keras_cct.caffe.lmdb_io import write_arrays
 from keras_cct.caffe.prototxt import blob_to_array, read_caffemodel
 from keras_cct.caffe.solver import load_solver, read_solver
 from keras_cct.caffe.train import read_solverstate
 from keras_cct.errors import CaffeFormatError, DataError
 from tests.caffe.caffe_numpy import NumpyCaffeSolver, caffe_rate
-from tests.conftest import ROOT, need_shared
+from tests.conftest import need_shared
 
 IP_NET = """
 name: "tiny_ip"

@@ -1,6 +1,5 @@
 """HybridConv2D against keras.layers.Conv2D (copied weights) and the float64 reference."""
 
-import os
 
 import keras
 import numpy as np
