@@ -39,6 +39,7 @@ from keras_cct.errors import DeviceDroppedWarning, DeviceError
 from keras_cct.strategy import context, host
 
 SPLITS = ("flops", "measure")
+BACKWARD_SPLITS = ("auto", "own", "forward")
 
 
 def _require_tensorflow() -> None:
@@ -75,7 +76,8 @@ class _LayerPlan:
     """Split state of one layer. The forward and the backward pass are split separately:
     all their inputs are in host memory, so the backward's shards need not be the forward's,
     and each pass is balanced on its own times (a device's backward/forward time ratio
-    differs from another's, so one split cannot balance both passes)."""
+    differs from another's, so one split cannot balance both passes) -- unless the split is
+    *tied* (see :meth:`CCTStrategy.split_conv`)."""
 
     def __init__(self, strategy: "CCTStrategy", name: str, fractions: np.ndarray) -> None:
         self.strategy = strategy
@@ -85,13 +87,16 @@ class _LayerPlan:
         self.steps = 0
 
     # ---- called from TF's threads through host callbacks
-    def next_sizes(self, phase: str, batch) -> np.ndarray:
+    def next_sizes(self, phase: str, tied: bool, batch) -> np.ndarray:
         """This step's shard sizes of ``phase`` (integers summing to ``batch``), after moving
-        its fractions toward equal finish times."""
+        its fractions toward equal finish times. ``tied``: the backward reuses the forward's
+        shards (and its lowered data), so the forward is balanced on forward + backward time
+        and the backward phase mirrors it."""
         batch = int(batch)
         with self.lock:
             ph = self.phases[phase]
-            self._rebalance(ph)
+            bwd = self.phases["backward"]
+            self._rebalance(ph, bwd if tied and phase == "forward" else None)
             f = ph.fractions * self.strategy.active
             if f.sum() <= 0:
                 f = self.strategy.active.astype(np.float64)
@@ -102,6 +107,9 @@ class _LayerPlan:
             ph.last = [None] * len(f)
             if phase == "forward":
                 self.steps += 1
+                if tied:
+                    bwd.fractions, bwd.sizes = ph.fractions.copy(), ph.sizes.copy()
+                    bwd.last = [None] * len(f)
             return ph.sizes.astype(np.int32)
 
     def record(self, phase: str, i: int, seconds: float) -> None:
@@ -111,14 +119,20 @@ class _LayerPlan:
             ms = ph.last_ms[i] = 1e3 * seconds
             ph.ms[i] = ms if np.isnan(ph.ms[i]) else 0.7 * ph.ms[i] + 0.3 * ms
 
-    def _rebalance(self, ph: _Phase) -> None:  # with self.lock held
+    def _rebalance(self, ph: _Phase, also: Optional[_Phase] = None) -> None:  # lock held
+        """Move ``ph``'s fractions toward equal finish times of its last step (plus those of
+        ``also`` on the same shards, when it has them all)."""
         s = self.strategy
         if not s.rebalance:
             return
         busy = [i for i, n in enumerate(ph.sizes) if n > 0 and s.active[i]]
         if len(busy) < 2 or any(ph.last[i] is None or ph.last[i] <= 0 for i in busy):
             return
-        rates = np.array([ph.sizes[i] / ph.last[i] for i in busy])
+        seconds = [ph.last[i] for i in busy]
+        if also is not None and all(also.last[i] is not None and also.last[i] > 0
+                                    for i in busy):
+            seconds = [t + also.last[i] for t, i in zip(seconds, busy)]
+        rates = np.array([ph.sizes[i] / t for i, t in zip(busy, seconds)])
         share = ph.fractions[busy].sum()
         target = rates / rates.sum() * share
         step = np.clip(s.smoothing * (target - ph.fractions[busy]), -s.max_step, s.max_step)
@@ -146,6 +160,13 @@ class CCTStrategy:
         max_step: largest change of one device's fraction per step.
         min_fraction: floor of an active device's fraction while rebalancing (it keeps being
             measured).
+        backward_split: ``"own"`` (the backward pass has a split of its own, balanced on
+            backward times; TensorFlow shards lower their input again), ``"forward"`` (the
+            backward reuses the forward's shards and lowered data; one split balanced on
+            forward + backward time) or ``"auto"``: ``"forward"`` for a layer whose lowering
+            costs more than half the backward work it would be redone for (by
+            :func:`keras_cct.lowering.cost.cost`: e.g. a first layer on 3 channels, which needs
+            no input gradient), else ``"own"``. Eager execution always uses ``"own"``.
 
     Use ``with strategy.scope():`` while building a model (HybridConv2D layers created inside
     use the strategy in ``fit``, ``evaluate`` and ``predict``), or
@@ -155,7 +176,7 @@ class CCTStrategy:
     def __init__(self, devices: Optional[Sequence[Union[str, object]]] = None,
                  split: Union[str, Sequence[float]] = "flops", rebalance: bool = True, *,
                  smoothing: float = 0.5, max_step: float = 0.1,
-                 min_fraction: float = 0.02) -> None:
+                 min_fraction: float = 0.02, backward_split: str = "auto") -> None:
         _require_tensorflow()
         from keras_cct.devices import Device, get_device, list_devices
         if devices is None:
@@ -181,6 +202,10 @@ class CCTStrategy:
         self.split = split
         self.rebalance = bool(rebalance)
         self.smoothing, self.max_step, self.min_fraction = smoothing, max_step, min_fraction
+        if backward_split not in BACKWARD_SPLITS:
+            raise ValueError(f"`backward_split` must be one of {BACKWARD_SPLITS}, got "
+                             f"{backward_split!r}")
+        self.backward_split = backward_split
         self.active = np.ones(len(resolved), bool)
         self._plans: Dict[int, _LayerPlan] = {}
         self._flops: Optional[np.ndarray] = None
@@ -331,7 +356,8 @@ class CCTStrategy:
     def split_conv(self, layer, x, kernel, geo, lowering: str, bias=None):
         """``x`` convolved with ``kernel`` (plus ``bias``, added by each shard on its own
         device so that the bias and its gradient are split too), its batch split across the
-        devices; the backward pass has a split of its own (see :class:`_LayerPlan`).
+        devices; the backward pass has a split of its own (see :class:`_LayerPlan`) or, when
+        *tied* (``backward_split``), the forward's shards and its lowered data.
 
         OpenCL shards are launched first (queued on their devices, which return at once,
         like a GPU launch), then the TF shards compute, then the OpenCL results are
@@ -344,35 +370,45 @@ class CCTStrategy:
         b = [] if bias is None else [_backend.as_tensor(bias)]
 
         need_dx = _records_gradient(x)
+        tied = self._tied_backward(geo, lowering, need_dx)
 
         @tf.custom_gradient
         def op(x, kernel, *b):
             bias = b[0] if b else None
             params = [kernel] + list(b)
+            saved: Dict[int, tuple] = {}  # tied: device -> (its conv's input, its output)
 
             def tf_forward(i, xi):
                 yi = conv2d_geo(xi, kernel, geo, lowering)
+                saved[i] = (xi, yi)
                 return [yi if bias is None else yi + bias]
 
             def tf_backward(i, xi, dyi):
-                with tf.GradientTape() as tape:
-                    tape.watch([xi, kernel])
-                    yi = conv2d_geo(xi, kernel, geo, lowering)
-                grads = tape.gradient(yi, [xi, kernel] if need_dx else [kernel],
-                                      output_gradients=dyi)
-                return grads + ([tf.reduce_sum(dyi, axis=(0, 1, 2))] if b else [])
+                wrt = [xi, kernel] if need_dx else [kernel]
+                if tied:  # the forward's own gradient: its lowered data is reused
+                    xf, yf = saved[i]
+                    grads = tf.gradients(yf, [xf, kernel] if need_dx else [kernel],
+                                         grad_ys=dyi)
+                else:
+                    with tf.GradientTape() as tape:
+                        tape.watch(wrt)
+                        yi = conv2d_geo(xi, kernel, geo, lowering)
+                    grads = tape.gradient(yi, wrt, output_gradients=dyi)
+                return list(grads) + ([tf.reduce_sum(dyi, axis=(0, 1, 2))] if b else [])
 
             def join_backward(parts):
                 sums = [tf.add_n(p) for p in parts[1 if need_dx else 0:]]
                 return [tf.concat(parts[0], axis=0) if need_dx else None] + sums
 
-            (y,) = self._run_split(plan, "forward", geo, x, None, params, tf_forward,
-                                   lambda parts: [tf.concat(parts[0], axis=0)])
+            (y,), sizes = self._run_split(plan, "forward", geo, x, None, params, tf_forward,
+                                          lambda parts: [tf.concat(parts[0], axis=0)],
+                                          tied=tied)
             y.set_shape([x.shape[0], geo.out_h, geo.out_w, geo.filters])
 
             def grad(dy):
-                outs = self._run_split(plan, "backward", geo, x, dy, params, tf_backward,
-                                       join_backward, need_dx=need_dx)
+                outs, _ = self._run_split(plan, "backward", geo, x, dy, params, tf_backward,
+                                          join_backward, need_dx=need_dx,
+                                          sizes=sizes if tied else None)
                 for t, like in zip(outs, [x] + params):
                     if t is not None:
                         t.set_shape(like.shape)
@@ -382,17 +418,36 @@ class CCTStrategy:
 
         return op(x, kernel, *b)
 
+    def _tied_backward(self, geo, lowering: str, need_dx: bool) -> bool:
+        """Whether the backward reuses the forward's shards (``backward_split``)."""
+        import tensorflow as tf
+        if self.backward_split != "auto" or tf.executing_eagerly():
+            return self.backward_split == "forward" and not tf.executing_eagerly()
+        from keras_cct.lowering.cost import Machine, cost
+        if lowering not in ("type1", "type2", "type3"):
+            return False  # the backend's convolution: its gradient lowers nothing
+        c, m = cost(geo, lowering, batch=1), Machine()
+        relower = c.lowering_elements / m.move_elements_per_s
+        backward = c.gemm_flops / m.gemm_flops_per_s  # the kernel gradient's GEMM
+        if need_dx:
+            backward += c.gemm_flops / m.gemm_flops_per_s + \
+                c.backward_movement / m.move_elements_per_s
+        return relower > 0.5 * backward
+
     def _run_split(self, plan: _LayerPlan, phase: str, geo, x, dy, params, tf_compute, join,
-                   need_dx: bool = True):
-        """One pass of a split convolution: shard sizes from ``plan``, the OpenCL shards
-        launched, the TF shards computed (``tf_compute(i, x_i[, dy_i])``, timed), the OpenCL
-        results collected, and ``join`` of the per-shard outputs (a list per output; the
-        backward's are ``[dx, dkernel(, dbias)]``, without ``dx`` unless ``need_dx``)."""
+                   need_dx: bool = True, tied: bool = False, sizes=None):
+        """One pass of a split convolution: shard sizes from ``plan`` (or ``sizes``), the
+        OpenCL shards launched, the TF shards computed (``tf_compute(i, x_i[, dy_i])``,
+        timed), the OpenCL results collected; returns ``join`` of the per-shard outputs (a
+        list per output; the backward's are ``[dx, dkernel(, dbias)]``, without ``dx`` unless
+        ``need_dx``) and the sizes."""
         import tensorflow as tf
         n = len(self.devices)
-        sizes = tf.numpy_function(functools.partial(plan.next_sizes, phase), [tf.shape(x)[0]],
-                                  tf.int32, stateful=True, name=f"cct_{phase}_sizes")
-        sizes.set_shape((n,))
+        if sizes is None:
+            sizes = tf.numpy_function(functools.partial(plan.next_sizes, phase, tied),
+                                      [tf.shape(x)[0]], tf.int32, stateful=True,
+                                      name=f"cct_{phase}_sizes")
+            sizes.set_shape((n,))
         xs = tf.split(x, sizes, num=n, axis=0)
         dys = [None] * n if dy is None else tf.split(dy, sizes, num=n, axis=0)
         launched = {i: _OpenCLShard(self, plan, phase, i, geo, xs[i], dys[i], params, need_dx)
@@ -409,7 +464,7 @@ class CCTStrategy:
                                  lambda *t, i=i: tf_compute(i, *t))
         for i, shard in launched.items():
             outs[i] = shard.collect()
-        return join([list(parts) for parts in zip(*outs)])
+        return join([list(parts) for parts in zip(*outs)]), sizes
 
 
 def _records_gradient(x) -> bool:

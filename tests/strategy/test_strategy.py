@@ -89,6 +89,42 @@ def test_a_backward_split_unlike_the_forward_gives_the_same_gradients(opencl):
     assert s.fractions(split, "backward") == pytest.approx({"tf:cpu:0": 0.2, "opencl:0:0": 0.8})
 
 
+@pytest.mark.parametrize("backward_split", ["forward", "own", "auto"])
+def test_compiled_training_step_with_each_backward_split(opencl, backward_split):
+    """In a tf.function (where a tied backward reuses the forward's lowered data) the
+    gradients equal the single-device ones for each ``backward_split``; tied, the backward's
+    shards are the forward's."""
+    import tensorflow as tf
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.6, 0.4], rebalance=False,
+                    backward_split=backward_split)
+    # 64 -> 64 channels: lowering is a small part of this layer's backward, so "auto" gives
+    # it a backward split of its own
+    split, plain = _pair(s, (10, 9, 9, 64), filters=64, kernel_size=3, padding=1,
+                         lowering="type1")
+    split(np.zeros((10, 9, 9, 64), "float32"))
+    if backward_split != "forward":
+        s._plans[id(split)].phases["backward"].fractions = np.array([0.3, 0.7])
+    rng = np.random.default_rng(12)
+    x = tf.constant(rng.standard_normal((10, 9, 9, 64)).astype("float32"))
+    dy = tf.constant(rng.standard_normal((10, 9, 9, 64)).astype("float32"))
+
+    def step_of(layer):
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = layer(x)
+            return [y] + tape.gradient(y, [x] + layer.trainable_weights, output_gradients=dy)
+        return step
+
+    got, want = step_of(split)(x), step_of(plain)(x)
+    for a, b in zip(got, want):
+        assert ref.rel_err(a.numpy(), b.numpy()) <= 1e-5
+    rows = s.report()
+    tied = [r["bwd_images"] for r in rows] == [r["images"] for r in rows]
+    assert tied == (backward_split == "forward"), rows
+
+
 def _model(strategy=None):
     keras.utils.set_random_seed(3)
     scope = strategy.scope() if strategy else _nullscope()
@@ -196,7 +232,8 @@ def test_forward_and_backward_are_balanced_separately(opencl, monkeypatch):
 
     monkeypatch.setattr(lowering, "conv2d_geo", slow_tf_forward)
     monkeypatch.setattr(cl_conv, "conv2d_backward", slow_cl_backward)
-    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.5, 0.5], rebalance=True)
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.5, 0.5], rebalance=True,
+                    backward_split="own")
     model = _model(s)
     x, y = _data(40)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
@@ -271,6 +308,7 @@ def test_hybridize_replaces_conv2d_with_equal_layers(opencl):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(devices=["tf:cpu:0"], split="fast"), "`split` must be one of"),
     (dict(devices=["tf:cpu:0"], split=[0.5, 0.5]), "one non-negative fraction per device"),
+    (dict(devices=["tf:cpu:0"], backward_split="same"), "`backward_split` must be one of"),
     (dict(devices=["tf:cpu:0", "tf:cpu:0"]), "listed twice"),
     (dict(devices=["tf:tpu:7"]), "no device 'tf:tpu:7'"),
 ])
