@@ -105,6 +105,8 @@ def _rq4(d: dict) -> str:
     return (f"hybrid / (TF 1 core + OpenCL 1 core): conv2 {s['hybrid_vs_ideal']:.2f}, "
             f"small model {m['hybrid_vs_ideal']:.2f}; hybrid / TF on all cores: conv2 "
             f"{s['hybrid_vs_tf2']:.2f}, small model {m['hybrid_vs_tf2']:.2f}"
+            + (f"; conv2 hybrid / both devices at once unsplit {s['hybrid_vs_both_at_once']:.2f}"
+               if "hybrid_vs_both_at_once" in s else "")
             + (f"; balance efficiency {balance:.2f}" if balance is not None else ""))
 
 
