@@ -32,6 +32,8 @@ from benchmarks.common import (DEFAULT_OUT, best_of, layer_train_step, markdown_
                                spawn_config, write_results)
 
 ROOT = Path(__file__).resolve().parents[1]
+#: CaffeNet conv2, the layer measured alone (its input: 96 channels).
+CONV2 = dict(filters=256, kernel_size=5, padding=2, groups=2)
 
 
 # ------------------------------------------------------------------------------ worker side
@@ -41,7 +43,7 @@ def _layer(strategy_devices, split, hw, batch, rebalance):
     s = None
     if strategy_devices:
         s = CCTStrategy(strategy_devices, split=split, rebalance=rebalance)
-    kw = dict(filters=256, kernel_size=5, padding=2, groups=2)  # CaffeNet conv2
+    kw = dict(CONV2)
     if s:
         with s.scope():
             layer = HybridConv2D(**kw)
@@ -172,8 +174,8 @@ def _concurrent(devices, batch: int, hw: int, seconds: float) -> dict:
     step = layer_train_step(layer)
     tx = tf.constant(x)
     k = layer.kernel.numpy()
-    kw = dict(padding=2, groups=2)
-    dy = rng.standard_normal((batch // 2, hw, hw, 256)).astype("float32")
+    kw = dict(padding=CONV2["padding"], groups=CONV2["groups"])
+    dy = rng.standard_normal((batch // 2, hw, hw, CONV2["filters"])).astype("float32")
 
     def cl_step():
         conv2d_forward(cl_dev.name, x, k, **kw)

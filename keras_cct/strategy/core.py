@@ -384,16 +384,16 @@ class CCTStrategy:
                 return [yi if bias is None else yi + bias]
 
             def tf_backward(i, xi, dyi):
-                wrt = [xi, kernel] if need_dx else [kernel]
                 if tied:  # the forward's own gradient: its lowered data is reused
                     xf, yf = saved[i]
-                    grads = tf.gradients(yf, [xf, kernel] if need_dx else [kernel],
+                    grads = tf.gradients(yf, ([xf] if need_dx else []) + [kernel],
                                          grad_ys=dyi)
                 else:
                     with tf.GradientTape() as tape:
-                        tape.watch(wrt)
+                        tape.watch([xi, kernel])
                         yi = conv2d_geo(xi, kernel, geo, lowering)
-                    grads = tape.gradient(yi, wrt, output_gradients=dyi)
+                    grads = tape.gradient(yi, ([xi] if need_dx else []) + [kernel],
+                                          output_gradients=dyi)
                 return list(grads) + ([tf.reduce_sum(dyi, axis=(0, 1, 2))] if b else [])
 
             def join_backward(parts):
@@ -421,10 +421,13 @@ class CCTStrategy:
     def _tied_backward(self, geo, lowering: str, need_dx: bool) -> bool:
         """Whether the backward reuses the forward's shards (``backward_split``)."""
         import tensorflow as tf
-        if self.backward_split != "auto" or tf.executing_eagerly():
-            return self.backward_split == "forward" and not tf.executing_eagerly()
         from keras_cct.lowering.cost import Machine, cost
-        if lowering not in ("type1", "type2", "type3"):
+        from keras_cct.lowering.engine import MODES
+        if tf.executing_eagerly():  # no graph to take the forward's gradient from
+            return False
+        if self.backward_split != "auto":
+            return self.backward_split == "forward"
+        if lowering not in MODES:
             return False  # the backend's convolution: its gradient lowers nothing
         c, m = cost(geo, lowering, batch=1), Machine()
         relower = c.lowering_elements / m.move_elements_per_s
@@ -588,4 +591,4 @@ class _OpenCLShard:
             x, _, *params = self.inputs
             for t, like in zip(outs, ([x] if self.need_dx else []) + params):
                 t.set_shape(like.shape)
-        return list(outs)
+        return outs

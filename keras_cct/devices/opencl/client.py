@@ -133,11 +133,7 @@ class WorkerClient:
         self._pid_owner = os.getpid()
         self.starts += 1
 
-    def _ensure(self) -> None:
-        if self._pid_owner != os.getpid():  # forked: the child must not share our worker
-            self._proc, self._conn, self._shm, self._arena = None, None, None, None
-            self._attached = False
-            self._pid_owner = os.getpid()
+    def _ensure(self) -> None:  # on the device thread (a fork was handled by _start_thread)
         if self._proc is None or self._proc.poll() is not None:
             self._drop()
             self._start()
@@ -305,7 +301,9 @@ class WorkerClient:
     def _pin_thread(self) -> None:
         """Run this (device) thread on the worker's CPUs when ``KERAS_CCT_WORKER_CPUS`` confines
         the worker: the transfers are the device's work, not its caller's."""
-        text = worker_environment(self.env, self.spec).get("KERAS_CCT_WORKER_CPUS", "").strip()
+        # as worker_environment() resolves it, without copying the environment per request
+        text = self.env.get("KERAS_CCT_WORKER_CPUS",
+                            os.environ.get("KERAS_CCT_WORKER_CPUS", "")).strip()
         try:
             cpus = frozenset(parse_cpus(text)) if text else None
         except ValueError as exc:
