@@ -455,6 +455,19 @@ def _data_top_shapes(ctx: _Ctx, lp, input_shapes: Mapping[str, Sequence[int]]
             crop = lp.transform_param.crop_size
             h, w = (crop, crop) if crop else (p.new_height, p.new_width)
             known = [(batch or 1, c, h, w)]
+    # All tops of a data layer share its batch: a batch given for one top in input_shapes
+    # (e.g. data=32,3,227,227 for a layer with batch_size 256) is the batch of the others
+    # (the label) too. DummyData's tops have their own shapes and are left alone.
+    given = {_shape_of(input_shapes[top])[0] for top in lp.top if top in input_shapes}
+    given.discard(0)
+    if t != "DummyData" and len(given) > 1:
+        named = ", ".join(f"{top}={','.join(map(str, input_shapes[top]))}"
+                          for top in lp.top if top in input_shapes)
+        raise ctx.error(f"{t} layer tops are given different batch sizes ({named})",
+                        hint="the tops of a data layer share one batch size")
+    if t != "DummyData" and given:
+        batch = given.pop()
+        known = [(batch,) + tuple(k[1:]) for k in known]
     for i, top in enumerate(lp.top):
         if top in input_shapes:
             shapes.append(_shape_of(input_shapes[top]))

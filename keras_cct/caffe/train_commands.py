@@ -316,20 +316,60 @@ def _block(x):
             keras.ops.convert_to_numpy(keras.ops.sum(t))
 
 
-def _time(args: argparse.Namespace) -> int:
-    import keras
+def _check_source_batches(args: argparse.Namespace, shapes: dict) -> None:
+    """Without ``--random-data`` the data layers read batches of their own ``batch_size``: an
+    ``--input-shape`` of another batch for one of their tops cannot be fed (say so before
+    building)."""
+    if args.random_data or not shapes:
+        return
+    from keras_cct.caffe.data import _layer_batch
+    from keras_cct.caffe.prototxt import filter_net, read_net
+    fp = filter_net(read_net(args.model), phase=args.phase, stages=list(args.stage or ()))
+    for lp in fp.layer:
+        if lp.type in ("Data", "ImageData", "HDF5Data", "MemoryData"):
+            bs = _layer_batch(lp)
+            for top in lp.top:
+                if top in shapes and bs and shapes[top][0] != bs:
+                    raise KerasCCTError(
+                        f"--input-shape {top}={','.join(map(str, shapes[top]))}: the {lp.type} "
+                        f"layer '{lp.name}' reads batches of {bs} from its source; add "
+                        f"--random-data to time the net at batch {shapes[top][0]}")
+
+
+def time_model(model_path: str, *, phase: str = "TRAIN", stages=(), weights=None,
+               batch=None, random_data: bool = False, input_shapes=None, lowering=None,
+               devices=None, conv: str = "hybrid"):
+    """``(CaffeTrainModel, batch)``: the net and the one batch ``cct time`` times, built as
+    ``cct time`` builds them (the benchmarks reuse it). The model is not compiled."""
+    from keras_cct.caffe.data import merge_batches
     from keras_cct.caffe.train import build_phase_net
-    model, sources, net = build_phase_net(args.model, phase=args.phase, stages=args.stage or (),
-                                          weights=args.weights, batch=args.batch,
-                                          random_data=args.random_data,
-                                          input_shapes=_parse_shapes(args.input_shape))
-    _set_lowering_and_device(model.net, args.lowering, args.devices)
-    if args.conv == "keras":
+    model, sources, net = build_phase_net(model_path, phase=phase, stages=stages or (),
+                                          weights=weights, batch=batch,
+                                          random_data=random_data,
+                                          input_shapes=input_shapes)
+    _set_lowering_and_device(model.net, lowering, devices)
+    if conv == "keras":
         from keras_cct.caffe.train import CaffeTrainModel
         model = CaffeTrainModel(keras_conv_model(model.net), model.heads, model.output_blobs,
                                 model.input_blobs, name=model.name)
-    from keras_cct.caffe.data import merge_batches
-    batch = next(merge_batches(sources))
+    return model, next(merge_batches(sources))
+
+
+def compile_for_timing(model) -> None:
+    """Compile ``model`` as ``cct time`` does for its training step: Caffe's SGD with a zero
+    learning rate (the update runs, the weights stay)."""
+    from keras_cct.caffe.solver import CaffeOptimizer
+    model.compile(optimizer=CaffeOptimizer("SGD", learning_rate=0.0), jit_compile="auto")
+
+
+def _time(args: argparse.Namespace) -> int:
+    import keras
+    shapes = _parse_shapes(args.input_shape)
+    _check_source_batches(args, shapes)
+    model, batch = time_model(args.model, phase=args.phase, stages=args.stage or (),
+                              weights=args.weights, batch=args.batch,
+                              random_data=args.random_data, input_shapes=shapes,
+                              lowering=args.lowering, devices=args.devices, conv=args.conv)
     fmodel = model.net
     layers = [l for l in fmodel.layers if not isinstance(l, keras.layers.InputLayer)]
     feed = [batch[k] for k in model.input_blobs]
@@ -376,8 +416,7 @@ def _time(args: argparse.Namespace) -> int:
     for _ in range(n):
         out = fmodel.predict_on_batch(feed if len(feed) > 1 else feed[0])
     fwd_ms = (time.perf_counter() - t0) * 1000 / n
-    from keras_cct.caffe.solver import CaffeOptimizer
-    model.compile(optimizer=CaffeOptimizer("SGD", learning_rate=0.0), jit_compile="auto")
+    compile_for_timing(model)
     if model.heads and any(h.loss_weight for h in model.heads):
         model.train_on_batch(batch)
         t0 = time.perf_counter()
