@@ -100,3 +100,46 @@ class NumpyCaffeSolver:
             self.history[i], self.update_history[i] = h, u
             self.w[i] = w - upd
         self.iter += 1
+
+
+def caffe_lrn_across(x, size, alpha, beta, k):
+    """LRNLayer::CrossChannelForward_cpu (NCHW, float64): Caffe's running window sum of the
+    zero-padded squares. Returns ``(top, scale)``."""
+    x = np.asarray(x, np.float64)
+    num, channels = x.shape[:2]
+    pre_pad = (size - 1) // 2
+    alpha_over_size = alpha / size
+    padded = np.zeros((channels + size - 1,) + x.shape[2:])
+    scale = np.full(x.shape, float(k))
+    for n in range(num):
+        padded[pre_pad:pre_pad + channels] = x[n] ** 2
+        for c in range(size):
+            scale[n, 0] += alpha_over_size * padded[c]
+        for c in range(1, channels):
+            scale[n, c] = scale[n, c - 1]
+            scale[n, c] += alpha_over_size * padded[c + size - 1]
+            scale[n, c] -= alpha_over_size * padded[c - 1]
+    return scale ** -beta * x, scale
+
+
+def caffe_lrn_across_backward(x, top_diff, size, alpha, beta, k):
+    """LRNLayer::CrossChannelBackward_cpu (NCHW, float64): the bottom diff."""
+    x = np.asarray(x, np.float64)
+    top_diff = np.asarray(top_diff, np.float64)
+    top, scale = caffe_lrn_across(x, size, alpha, beta, k)
+    num, channels = x.shape[:2]
+    cache_ratio_value = 2.0 * alpha * beta / size
+    bottom_diff = scale ** -beta * top_diff
+    inverse_pre_pad = size - (size + 1) // 2
+    padded_ratio = np.zeros((channels + size - 1,) + x.shape[2:])
+    for n in range(num):
+        padded_ratio[inverse_pre_pad:inverse_pre_pad + channels] = \
+            top_diff[n] * top[n] / scale[n]
+        accum_ratio = np.zeros(x.shape[2:])
+        for c in range(size - 1):
+            accum_ratio += padded_ratio[c]
+        for c in range(channels):
+            accum_ratio += padded_ratio[c + size - 1]
+            bottom_diff[n, c] -= cache_ratio_value * x[n, c] * accum_ratio
+            accum_ratio -= padded_ratio[c]
+    return bottom_diff

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from keras_cct.layers import caffe_layers as cl
+from tests.caffe.caffe_numpy import caffe_lrn_across, caffe_lrn_across_backward
 from tests.reference import rel_err
 
 RNG = np.random.default_rng(0)
@@ -21,6 +22,51 @@ def _run(layer, x_nchw, *more):
     if isinstance(y, (list, tuple)):
         return [cl.to_caffe_layout(keras.ops.convert_to_numpy(v)) for v in y]
     return cl.to_caffe_layout(keras.ops.convert_to_numpy(y))
+
+
+def _run_grad(layer, x_nchw, dy_nchw, *weights):
+    """The layer's output and the gradients of ``sum(y * dy)`` with respect to its input and to
+    ``weights`` (names of its variables), on Caffe-ordered arrays, with the backend's autodiff."""
+    x = cl.from_caffe_layout(np.asarray(x_nchw, np.float32))
+    dy = cl.from_caffe_layout(np.asarray(dy_nchw, np.float32))
+    layer.build(x.shape) if not layer.built else None
+    backend = keras.backend.backend()
+    ws = [getattr(layer, name) for name in weights]
+    if backend == "tensorflow":
+        import tensorflow as tf
+        xt = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            y = layer(xt)
+        grads = tape.gradient(y, [xt] + ws, output_gradients=tf.constant(dy))
+    elif backend == "jax":
+        import jax
+        vals = [w.value for w in ws]
+
+        def f(xx, *vv):
+            return layer.stateless_call(vv, [v.value for v in layer.non_trainable_weights],
+                                        xx)[0] if ws else layer(xx)
+        y, vjp = jax.vjp(f, x, *vals)
+        grads = list(vjp(dy))
+    else:
+        import torch
+        xt = torch.tensor(x, requires_grad=True)
+        y = layer(xt)
+        y.backward(torch.tensor(dy))
+        grads = [xt.grad] + [w.value.grad for w in ws]
+    out = [keras.ops.convert_to_numpy(y)] + [keras.ops.convert_to_numpy(g) for g in grads]
+    return [cl.to_caffe_layout(out[0]), cl.to_caffe_layout(out[1])] + out[2:]
+
+
+def _numeric_grad(f, x, dy, eps=1e-6):
+    """d sum(f(x) * dy) / dx by central differences (float64)."""
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[i] += eps
+        xm[i] -= eps
+        g[i] = np.sum((f(xp) - f(xm)) * dy) / (2 * eps)
+    return g
 
 
 def caffe_pool_ref(x, pool, k, s, p, ceil=True, global_pool=False):
@@ -87,6 +133,52 @@ def test_lrn_within_channel_matches_caffe():
     pad = np.pad(x ** 2, ((0, 0), (0, 0), (1, 1), (1, 1)))
     avg = sum(pad[:, :, i:i + 6, j:j + 5] for i in range(n) for j in range(n)) / (n * n)
     assert rel_err(y, x * (1 + alpha * avg) ** -beta) < 1e-5
+
+
+@pytest.mark.parametrize("shape,n,alpha,beta,k", [
+    ((2, 7, 5, 3), 5, 2.0, 0.75, 1.0),     # Caffe's default exponent (the rsqrt form)
+    ((2, 3, 3, 5), 5, 3.0, 0.75, 2.0),     # fewer channels than the window: clipped both sides
+    ((1, 1, 2, 3), 3, 1.5, 0.5, 1.0),      # one channel; beta 0.5
+    ((2, 6, 1, 1), 7, 1.0, 1.0, 1.5),      # 1x1 image (fc-like); beta 1
+    ((3, 9, 3, 2), 3, 0.8, 0.6, 0.5),      # a general exponent: exp(-beta log s)
+])
+def test_lrn_across_channels_matches_caffe(shape, n, alpha, beta, k):
+    """ACROSS_CHANNELS: the output and the input gradient against Caffe's CPU loops
+    (CrossChannelForward/Backward_cpu) in float64; that backward is checked against finite
+    differences of the forward first."""
+    x = RNG.standard_normal(shape)
+    dy = RNG.standard_normal(shape)
+    ref, _ = caffe_lrn_across(x, n, alpha, beta, k)
+    dref = caffe_lrn_across_backward(x, dy, n, alpha, beta, k)
+    if x.size <= 100:
+        fd = _numeric_grad(lambda v: caffe_lrn_across(v, n, alpha, beta, k)[0], x, dy)
+        assert rel_err(dref, fd) < 1e-7
+    y, dx = _run_grad(cl.CaffeLRN(n, alpha, beta, k), x, dy)
+    assert y.shape == ref.shape and rel_err(y, ref) < 2e-6
+    assert rel_err(dx, dref) < 2e-6
+
+
+def test_lrn_across_channels_alexnet_parameters():
+    """CaffeNet's LRN (local_size 5, alpha 1e-4, beta 0.75) on activations of its size."""
+    x = np.abs(RNG.standard_normal((2, 96, 3, 4))) * 60.0
+    dy = RNG.standard_normal(x.shape)
+    y, dx = _run_grad(cl.CaffeLRN(5, 1e-4, 0.75, 1.0), x, dy)
+    assert rel_err(y, caffe_lrn_across(x, 5, 1e-4, 0.75, 1.0)[0]) < 2e-6
+    assert rel_err(dx, caffe_lrn_across_backward(x, dy, 5, 1e-4, 0.75, 1.0)) < 2e-6
+
+
+def test_lrn_within_channel_gradient():
+    x = RNG.standard_normal((1, 2, 4, 3))
+    dy = RNG.standard_normal(x.shape)
+    n, alpha, beta = 3, 0.7, 0.8
+
+    def ref(v):
+        pad = np.pad(v ** 2, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        avg = sum(pad[:, :, i:i + 4, j:j + 3] for i in range(n) for j in range(n)) / (n * n)
+        return v * (1 + alpha * avg) ** -beta
+    y, dx = _run_grad(cl.CaffeLRN(n, alpha, beta, norm_region="WITHIN_CHANNEL"), x, dy)
+    assert rel_err(y, ref(x)) < 2e-6
+    assert rel_err(dx, _numeric_grad(ref, x, dy)) < 1e-5
 
 
 def test_batch_norm_inference_and_caffe_training_update():
