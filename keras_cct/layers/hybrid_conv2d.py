@@ -12,9 +12,8 @@ from keras_cct.errors import LoweringError
 from keras_cct.lowering import check_lowering, choose_for, conv2d_geo, conv_geometry
 from keras_cct.lowering.geometry import (ConvGeometry, normalize_pair, normalize_padding,
                                          padding_to_config)
+from keras_cct.lowering.planner import PLANNER_MODES, available
 from keras_cct.strategy import context as strategy_context
-
-PLANNER_MODES = ("model", "measure")
 
 
 @keras.saving.register_keras_serializable(package="keras_cct")
@@ -29,10 +28,13 @@ class HybridConv2D(keras.layers.Layer):
         padding: ``"valid"``, ``"same"``, or explicit zero padding as in Caffe: an int,
             ``(pad_h, pad_w)``, or ``((top, bottom), (left, right))``.
         lowering: ``"auto"`` (chosen per input shape by the planner), ``"type1"`` (im2col),
-            ``"type2"``, ``"type3"`` (1x1 GEMM + shift-and-add lifting) or ``"native"`` (the
-            backend's own convolution, split per group).
-        planner: how ``"auto"`` chooses: ``"model"`` (CcT's rule through the cost model) or
-            ``"measure"`` (time each lowering once for this shape, cached on disk).
+            ``"type2"``, ``"type3"`` (1x1 GEMM + shift-and-add lifting), ``"winograd"``
+            (F(2x2, 3x3) for 3x3 kernels at stride 1) or ``"native"`` (the backend's own
+            convolution in its fastest form: see :mod:`keras_cct.lowering.native`).
+        planner: how ``"auto"`` chooses: ``"auto"`` (the default: the backend's own convolution
+            against the cost model's best lowering and Winograd, timed once per shape and
+            cached on disk; never the slower choice), ``"model"`` (CcT's rule through the cost
+            model, nothing timed) or ``"measure"`` (time every lowering once for this shape).
         device: ``None`` (compute with the current Keras backend's device) or an OpenCL device
             name such as ``"opencl:0:0"`` (see :func:`keras_cct.devices.list_devices`).
 
@@ -47,7 +49,7 @@ class HybridConv2D(keras.layers.Layer):
                  activation=None, use_bias: bool = True, kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None,
                  activity_regularizer=None, kernel_constraint=None, bias_constraint=None,
-                 lowering: str = "auto", planner: str = "model", device: Optional[str] = None,
+                 lowering: str = "auto", planner: str = "auto", device: Optional[str] = None,
                  **kwargs: Any) -> None:
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
         if not isinstance(filters, int) or isinstance(filters, bool) or filters <= 0:
@@ -149,6 +151,12 @@ class HybridConv2D(keras.layers.Layer):
             lowering = self.lowering
             if lowering == "auto":
                 lowering = choose_for(geo, mode=self.planner, dtype=self.compute_dtype)
+            elif lowering not in available(geo):
+                raise ValueError(f"layer '{self.name}': lowering {lowering!r} cannot compute "
+                                 f"this convolution (kernel {self.kernel_size}, strides "
+                                 f"{self.strides}, dilation {self.dilation_rate}); it needs "
+                                 f"a 3x3 kernel at stride 1 without dilation. Use "
+                                 f"lowering='auto' or one of {available(geo)}")
             plan = self._plans[key] = (geo, lowering)
         return plan
 

@@ -14,7 +14,7 @@ LOWERING_NAMES = ("auto",) + ALL_LOWERINGS
 
 
 def check_lowering(lowering: str) -> str:
-    """Validate a lowering name (``"auto"``, ``"type1"``, ``"type2"``, ``"type3"``, ``"native"``)."""
+    """Validate a lowering name (``"auto"`` or one of :data:`ALL_LOWERINGS`)."""
     if lowering not in LOWERING_NAMES:
         raise LoweringError(f"`lowering` must be one of {LOWERING_NAMES}, got {lowering!r}")
     return lowering
@@ -27,11 +27,19 @@ def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str):
         return native_conv2d(x, kernel, geo)
     if lowering in MODES:
         return lowered_conv2d(x, kernel, geo, lowering)
+    if lowering == "winograd":
+        from keras_cct.lowering.winograd import winograd_applies, winograd_conv2d
+        if not winograd_applies(geo):
+            raise LoweringError(
+                f"lowering 'winograd' needs a 3x3 kernel at stride 1 without dilation, got "
+                f"kernel ({geo.kh}, {geo.kw}), strides ({geo.sh}, {geo.sw}), dilation "
+                f"({geo.dh}, {geo.dw}); use 'auto' or another lowering")
+        return winograd_conv2d(x, kernel, geo)
     raise LoweringError(f"`lowering` must be one of {ALL_LOWERINGS} here, got {lowering!r}")
 
 
 def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", dilation_rate=1,
-           groups: int = 1, lowering: str = "auto", planner: str = "model"):
+           groups: int = 1, lowering: str = "auto", planner: str = "auto"):
     """2-D convolution of channels-last ``x`` computed by a CcT lowering.
 
     Args:
@@ -42,8 +50,9 @@ def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", di
         padding: ``"valid"``, ``"same"``, an int, ``(pad_h, pad_w)`` or
             ``((top, bottom), (left, right))``.
         groups: channel groups (``channels`` and ``filters`` must be multiples of it).
-        lowering: ``"type1"``, ``"type2"``, ``"type3"``, ``"native"`` (the backend's own
-            convolution) or ``"auto"`` (chosen by :func:`keras_cct.lowering.choose`).
+        lowering: ``"type1"``, ``"type2"``, ``"type3"``, ``"winograd"`` (3x3, stride 1),
+            ``"native"`` (the backend's own convolution) or ``"auto"`` (chosen by
+            :func:`keras_cct.lowering.choose`).
         planner: the ``mode`` :func:`~keras_cct.lowering.choose` uses for ``"auto"``.
 
     Returns:

@@ -1,10 +1,20 @@
 """Choosing a lowering per convolution (CcT's optimizer).
 
-``mode="model"`` applies CcT's rule through the cost model: Type 1 (replicate the input) wins when
-input channels are fewer than output channels, Type 3 (replicate the output) in the opposite
-case, Type 2 in between; the estimate in :mod:`keras_cct.lowering.cost` decides, so the extra
-work of a strided Type 3 is weighed too. ``mode="measure"`` times every candidate once for the
-exact shape on the current backend and device and caches the winner on disk.
+Three modes:
+
+* ``mode="auto"`` (what :class:`~keras_cct.HybridConv2D` uses by default): never slower than the
+  backend's own convolution. A shortlist -- ``"native"`` (the backend's own convolution in its
+  fastest form), the cost model's best lowered type and, where it applies, ``"winograd"`` -- is
+  timed once for the exact shape, backend, dtype and machine (forward+backward at up to
+  :data:`AUTO_BATCH` images, two repeats), and the winner is cached on disk, so the first use
+  of a shape costs about a second at most and later ones nothing. A convolution of less than
+  :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
+  several).
+* ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1
+  (replicate the input) wins when input channels are fewer than output channels, Type 3
+  (replicate the output) in the opposite case, Type 2 in between; the estimate in
+  :mod:`keras_cct.lowering.cost` decides, so the extra work of a strided Type 3 is weighed too.
+* ``mode="measure"`` times every available lowering at the full batch and caches the winner.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import os
 import platform
 import warnings
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,8 +34,17 @@ from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering.cost import LOWERED_TYPES, Machine, cost, estimate_seconds
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 
-ALL_LOWERINGS = LOWERED_TYPES + ("native",)
-CACHE_VERSION = 2  # 2: gather lowering with batch partitions
+ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd")
+PLANNER_MODES = ("auto", "model", "measure")
+CACHE_VERSION = 3  # 3: steps fetch the forward; "auto" mode; native per backend; winograd
+
+#: ``mode="auto"`` times candidates at no more than this many images (time grows with the
+#: batch, the ranking hardly does), to keep the first use of a shape near a second.
+AUTO_BATCH = 16
+#: Forward flops under which ``mode="auto"`` picks ``"native"`` without timing: at a few
+#: hundred GFLOP/s such a convolution takes well under a millisecond, where the op count of a
+#: lowering (pad, gather, GEMM, reshape, lifting) dominates.
+AUTO_MIN_FLOPS = 100e6
 
 
 def cache_dir() -> Path:
@@ -63,22 +82,48 @@ def _device_name() -> str:
     return f"cpu:{_cpu_name()}:{os.cpu_count()}"
 
 
+def available(geo: ConvGeometry) -> Tuple[str, ...]:
+    """The lowerings that can compute ``geo`` (on every Keras backend): the three types and
+    ``"native"`` always, ``"winograd"`` for 3x3 kernels at stride 1 without dilation."""
+    from keras_cct.lowering.winograd import winograd_applies
+    return tuple(c for c in ALL_LOWERINGS if c != "winograd" or winograd_applies(geo))
+
+
 def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32",
                training: bool = True, candidates: Optional[Sequence[str]] = None,
                batch: Optional[int] = None, machine: Machine = Machine()) -> str:
     """:func:`choose` for an already validated geometry."""
+    b = batch or geo.batch or 32
     if mode == "model":
         cands = tuple(candidates) if candidates else LOWERED_TYPES
         bad = [c for c in cands if c not in LOWERED_TYPES]
         if bad:
             raise LoweringError(f"mode='model' only ranks {LOWERED_TYPES}, got {bad}")
-        b = batch or geo.batch or 32
-        return min(cands, key=lambda c: estimate_seconds(cost(geo, c, batch=b), machine,
-                                                         training=training))
+        return _model_choice(geo, cands, b, training, machine)
+    if mode not in ("auto", "measure"):
+        raise LoweringError(f"`mode` must be one of {PLANNER_MODES}, got {mode!r}")
+    usable = available(geo)
+    if candidates:
+        bad = [c for c in candidates if c not in ALL_LOWERINGS]
+        if bad:
+            raise LoweringError(f"unknown lowerings {bad}; expected some of {ALL_LOWERINGS}")
+        usable = tuple(c for c in candidates if c in usable) or ("native",)
     if mode == "measure":
-        cands = tuple(candidates) if candidates else ALL_LOWERINGS
-        return _measured_choice(geo, cands, dtype, training, batch)
-    raise LoweringError(f"`mode` must be 'model' or 'measure', got {mode!r}")
+        return _measured_choice(geo, usable, dtype, training, b)
+    if geo.flops(b) < AUTO_MIN_FLOPS:
+        return "native" if "native" in usable else usable[0]
+    lowered = tuple(c for c in usable if c in LOWERED_TYPES and fits_in_memory(geo, c, b))
+    shortlist = tuple(c for c in usable if c not in LOWERED_TYPES)
+    if lowered:
+        shortlist += (_model_choice(geo, lowered, b, training, machine),)
+    if len(shortlist) == 1:
+        return shortlist[0]
+    return _measured_choice(geo, shortlist, dtype, training, min(b, AUTO_BATCH), repeats=2)
+
+
+def _model_choice(geo, cands, batch, training, machine) -> str:
+    return min(cands, key=lambda c: estimate_seconds(cost(geo, c, batch=batch), machine,
+                                                     training=training))
 
 
 def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, padding="valid",
@@ -91,16 +136,17 @@ def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, pad
         input_shape: ``(batch, height, width, channels)`` (batch may be ``None``).
         kernel_shape: ``(kh, kw, channels // groups, filters)``.
         strides, padding, dilation_rate, groups: as in :func:`keras_cct.lowering.conv2d`.
-        mode: ``"model"`` (cost model, instant) or ``"measure"`` (time each candidate once on
-            this backend and device; the winner is cached on disk).
+        mode: ``"model"`` (cost model, instant), ``"auto"`` (time a shortlist with the
+            backend's own convolution on it once, cached; see the module docstring) or
+            ``"measure"`` (time every available lowering once; the winner is cached on disk).
         dtype: element type, part of the measurement cache key.
         training: rank by forward+backward time (True) or forward only.
-        candidates: lowerings to consider (default: the three types for ``"model"``; the three
-            types and ``"native"`` for ``"measure"``).
+        candidates: lowerings to consider (default: the three types for ``"model"``; every
+            lowering :func:`available` for the shape for ``"auto"`` and ``"measure"``).
         batch: batch size to rank for when ``input_shape`` has none (default 32).
 
     Returns:
-        One of ``"type1"``, ``"type2"``, ``"type3"``, ``"native"``.
+        One of ``"type1"``, ``"type2"``, ``"type3"``, ``"native"``, ``"winograd"``.
     """
     geo = conv_geometry(input_shape, kernel_shape, strides=strides, padding=padding,
                         dilation_rate=dilation_rate, groups=groups)
@@ -173,17 +219,17 @@ def fits_in_memory(geo: ConvGeometry, lowering: str, batch: int, dtype_bytes: in
     return need <= memory_budget_bytes()
 
 
-def _measured_choice(geo: ConvGeometry, cands, dtype: str, training: bool,
-                     batch: Optional[int]) -> str:
-    b = batch or geo.batch or 32
-    fitting = tuple(c for c in cands if fits_in_memory(geo, c, b))
+def _measured_choice(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int,
+                     repeats: int = 3) -> str:
+    fitting = tuple(c for c in cands if fits_in_memory(geo, c, batch))
     cands = fitting or cands
-    key = _cache_key(geo, cands, dtype, training, b)
+    key = _cache_key(geo, cands, dtype, training, batch)
     entries = _read_cache()
     hit = entries.get(key)
     if isinstance(hit, dict) and hit.get("choice") in cands:
         return hit["choice"]
-    times = {c: time_lowering(geo, c, batch=b, dtype=dtype, training=training) for c in cands}
+    times = {c: time_lowering(geo, c, batch=batch, dtype=dtype, training=training,
+                              repeats=repeats) for c in cands}
     best = min(times, key=times.get)
     entries = _read_cache()
     entries[key] = {"choice": best, "seconds": times}
@@ -208,6 +254,6 @@ def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: s
 def _time_lowering(geo, lowering, batch, dtype, training, repeats, make_step) -> float:
     from keras_cct.lowering.timing import best_of
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels)).astype(dtype)
-    k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters)) * 0.1).astype(dtype)
-    return best_of(make_step(geo, lowering, x, k, training=training), repeats)
+    x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
+    k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
+    return best_of(make_step(geo, lowering, x, k, training=training, dtype=dtype), repeats)

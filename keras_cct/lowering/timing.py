@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import keras
 import numpy as np
@@ -25,12 +25,15 @@ def best_of(step: Callable[[], object], repeats: int = 3, warmup: int = 1) -> fl
 
 
 def make_step(geo: ConvGeometry, lowering: Union[str, Callable], x: np.ndarray,
-              kernel: np.ndarray, *, training: bool = True,
-              jit_compile: bool = False) -> Callable[[], None]:
+              kernel: np.ndarray, *, training: bool = True, jit_compile: bool = False,
+              dtype: Optional[str] = None) -> Callable[[], None]:
     """A no-argument callable running ``lowering`` on ``x``/``kernel`` (and the gradients of
-    ``sum(y * r)`` with respect to both, if ``training``).
+    ``loss = sum(y * r)`` with respect to both, if ``training``).
 
-    ``lowering`` is a lowering name or any ``fn(x, kernel, geo)`` computing the convolution.
+    Every step fetches the loss as well as both gradients, so the forward pass is always part of
+    the time (TensorFlow and XLA would otherwise drop a forward convolution whose output no
+    gradient needs). ``lowering`` is a lowering name or any ``fn(x, kernel, geo)`` computing the
+    convolution; ``dtype`` (e.g. ``"bfloat16"``) casts the float32 inputs on the backend.
     """
     from keras_cct.lowering.conv import conv2d_geo as _conv2d_geo
 
@@ -47,7 +50,7 @@ def make_step(geo: ConvGeometry, lowering: Union[str, Callable], x: np.ndarray,
         (x.shape[0], geo.out_h, geo.out_w, geo.filters)).astype(x.dtype)
     if backend == "tensorflow":
         import tensorflow as tf
-        tx, tk, tr = (tf.constant(a) for a in (x, kernel, r))
+        tx, tk, tr = (tf.cast(tf.constant(a), dtype or a.dtype) for a in (x, kernel, r))
 
         @tf.function(jit_compile=jit_compile)
         def run(xx, kk, rr):
@@ -57,25 +60,26 @@ def make_step(geo: ConvGeometry, lowering: Union[str, Callable], x: np.ndarray,
                 tape.watch([xx, kk])
                 loss = tf.reduce_sum(conv2d_geo(xx, kk, geo, lowering) * rr)
             dx, dk = tape.gradient(loss, [xx, kk])
-            return tf.reduce_sum(dx[:1, :1, :1, :1]) + tf.reduce_sum(dk[:1, :1, :1, :1])
+            return loss + tf.reduce_sum(dx[:1, :1, :1, :1]) + tf.reduce_sum(dk[:1, :1, :1, :1])
 
         return lambda: run(tx, tk, tr).numpy()
     if backend == "jax":
         import jax
         import jax.numpy as jnp
-        jx, jk, jr = (jnp.asarray(a) for a in (x, kernel, r))
+        jx, jk, jr = (jnp.asarray(a, dtype=dtype or a.dtype) for a in (x, kernel, r))
 
         def loss(xx, kk):
             return jnp.sum(conv2d_geo(xx, kk, geo, lowering) * jr)
 
-        fn = jax.jit(jax.grad(loss, argnums=(0, 1)) if training else
+        fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)) if training else
                      (lambda xx, kk: conv2d_geo(xx, kk, geo, lowering)))
         return lambda: jax.block_until_ready(fn(jx, jk))
     if backend == "torch":
         import torch
-        tx = torch.tensor(x, requires_grad=training)
-        tk = torch.tensor(kernel, requires_grad=training)
-        tr = torch.tensor(r)
+        tdtype = getattr(torch, dtype) if dtype else None
+        tx = torch.tensor(x, dtype=tdtype, requires_grad=training)
+        tk = torch.tensor(kernel, dtype=tdtype, requires_grad=training)
+        tr = torch.tensor(r, dtype=tdtype)
 
         def step():
             if training:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from keras_cct import HybridConv2D
+from keras_cct.lowering import ALL_LOWERINGS
 from tests import reference as ref
 from tests.backend_grads import layer_grads, to_numpy
 
@@ -142,13 +143,41 @@ def test_config_round_trip_and_output_shape():
     assert tuple(layer(out).shape) == (None, 9, 6, 8)
 
 
-def test_auto_records_its_choice():
-    layer = HybridConv2D(256, 3, padding=1)
+def test_model_planner_records_ccts_choice():
+    layer = HybridConv2D(256, 3, padding=1, planner="model")
     layer.build((None, 13, 13, 16))
     assert layer.chosen_lowering == "type1"          # few input channels: replicate the input
-    layer = HybridConv2D(16, 3, padding=1)
+    layer = HybridConv2D(16, 3, padding=1, planner="model")
     layer.build((None, 13, 13, 1024))
     assert layer.chosen_lowering == "type3"          # many input channels: replicate the output
+
+
+def test_default_planner_times_native_against_the_lowerings(tmp_path, monkeypatch):
+    from keras_cct.lowering import planner
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path))
+    timed = []
+
+    def fake_time(geo, lowering, **kw):
+        timed.append((lowering, kw["batch"]))
+        return {"native": 2.0, "winograd": 1.0}.get(lowering, 3.0)
+
+    monkeypatch.setattr(planner, "time_lowering", fake_time)
+    layer = HybridConv2D(256, 3, padding=1)
+    assert layer.planner == "auto"
+    layer.build((None, 13, 13, 64))
+    # native, Winograd (3x3, stride 1) and the cost model's one lowered type, at a small batch
+    assert sorted(t for t, _ in timed) == ["native", "type1", "winograd"]
+    assert {b for _, b in timed} == {planner.AUTO_BATCH}
+    assert layer.chosen_lowering == "winograd"
+    timed.clear()
+    layer = HybridConv2D(256, 5, strides=2, padding=2)  # no Winograd for 5x5 at stride 2
+    layer.build((None, 13, 13, 64))
+    assert sorted(t for t, _ in timed) == ["native", "type1"]
+    assert layer.chosen_lowering == "native"
+    timed.clear()
+    layer = HybridConv2D(4, 3, padding=1)  # too small to be worth timing: the backend's op
+    layer.build((None, 8, 8, 2))
+    assert timed == [] and layer.chosen_lowering == "native"
 
 
 def _small_model(lowering="auto"):
@@ -212,5 +241,5 @@ def test_measure_planner_inside_a_subclassed_model(tmp_path, monkeypatch):
     model.compile("sgd", "mse")
     x = np.random.default_rng(0).standard_normal((4, 6, 6, 2)).astype("float32")
     model.fit(x, np.zeros((4, 2), "float32"), epochs=1, verbose=0)
-    assert model.conv.chosen_lowering in ("type1", "type2", "type3", "native")
+    assert model.conv.chosen_lowering in ALL_LOWERINGS
     assert (tmp_path / "planner.json").exists()

@@ -50,7 +50,7 @@ def cache_dir(tmp_path, monkeypatch):
 
 def test_measure_mode_times_each_candidate_once_and_caches(cache_dir, monkeypatch):
     timed = []
-    fake = {"type1": 3.0, "type2": 1.0, "type3": 2.0, "native": 4.0}
+    fake = {"type1": 3.0, "type2": 1.0, "type3": 2.0, "native": 4.0, "winograd": 5.0}
 
     def fake_time(geo, lowering, **kw):
         timed.append(lowering)
@@ -61,13 +61,13 @@ def test_measure_mode_times_each_candidate_once_and_caches(cache_dir, monkeypatc
     assert choose(*args, mode="measure") == "type2"
     assert sorted(timed) == sorted(fake)
     assert choose(*args, mode="measure") == "type2"
-    assert len(timed) == 4                               # served from the disk cache
+    assert len(timed) == 5                               # served from the disk cache
     data = json.loads((cache_dir / "planner.json").read_text())
     (entry,) = data["entries"].values()
     assert entry["choice"] == "type2"
     # A different shape is a different key.
     choose((None, 10, 9, 4), (3, 3, 4, 4), mode="measure")
-    assert len(timed) == 8
+    assert len(timed) == 10
 
 
 def test_corrupt_or_stale_cache_is_ignored(cache_dir, monkeypatch):
@@ -86,7 +86,7 @@ def test_corrupt_or_stale_cache_is_ignored(cache_dir, monkeypatch):
 
 def test_real_measurement_returns_a_working_lowering(cache_dir):
     best = choose((2, 8, 8, 4), (3, 3, 4, 4), padding=1, mode="measure")
-    assert best in ("type1", "type2", "type3", "native")
+    assert best in planner.ALL_LOWERINGS
 
 
 def test_measure_mode_skips_lowerings_that_cannot_fit(cache_dir, monkeypatch):
@@ -97,3 +97,25 @@ def test_measure_mode_skips_lowerings_that_cannot_fit(cache_dir, monkeypatch):
     # CaffeNet conv1 at batch 32: Type 3's lifted matrix alone is 32*227*227*121*96*4 bytes.
     choose((32, 227, 227, 3), (11, 11, 3, 96), strides=4, mode="measure")
     assert "type3" not in timed and "native" in timed
+
+
+@pytest.mark.parametrize("mode", ["auto", "measure"])
+def test_planner_never_returns_a_lowering_unavailable_for_the_shape(cache_dir, monkeypatch,
+                                                                     mode):
+    # Whatever the timings say, Winograd is not offered for 5x5, strided or dilated kernels.
+    monkeypatch.setattr(planner, "time_lowering",
+                        lambda geo, low, **kw: 0.0 if low == "winograd" else 1.0)
+    for kernel, kw in (((5, 5, 64, 64), {}), ((3, 3, 64, 64), {"strides": 2}),
+                       ((3, 3, 64, 64), {"dilation_rate": 2})):
+        geo = conv_geometry((32, 27, 27, 64), kernel, padding=2, **kw)
+        assert "winograd" not in planner.available(geo)
+        assert choose((32, 27, 27, 64), kernel, padding=2, mode=mode, **kw) != "winograd"
+    assert choose((32, 27, 27, 64), (3, 3, 64, 64), padding=1, mode=mode) == "winograd"
+
+
+def test_auto_mode_with_candidates_outside_the_available_ones(cache_dir):
+    # Asked for Winograd only on a 5x5 layer: the backend's own convolution, not an error.
+    assert choose((None, 9, 9, 4), (5, 5, 4, 4), mode="auto",
+                  candidates=["winograd"]) == "native"
+    with pytest.raises(LoweringError, match="unknown lowerings"):
+        choose((None, 9, 9, 4), (5, 5, 4, 4), mode="auto", candidates=["fft"])
