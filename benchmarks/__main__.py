@@ -11,6 +11,7 @@ RQ2     lowering types, d/o sweep      :mod:`benchmarks.lowering`
 RQ3     planner regret                 :mod:`benchmarks.planner` (reuses RQ2's times)
 RQ4     hybrid CPU + OpenCL            :mod:`benchmarks.hybrid`
 RQ5     FLOPS proportionality          :mod:`benchmarks.flops`
+nets    whole nets vs PyTorch          :mod:`benchmarks.nets`
 ======  =============================  ==========================================
 
 Each part writes ``<part>.json``, ``<part>.md`` and ``<part>.png`` under ``--out`` (default
@@ -44,6 +45,7 @@ PARTS = {
     "planner": ("RQ3", "the planner's choice vs the fastest lowering"),
     "hybrid": ("RQ4", "hybrid execution under CCTStrategy"),
     "flops": ("RQ5", "throughput proportional to calibrated FLOPS"),
+    "nets": ("nets", "whole Caffe nets' training step: keras_cct vs Keras Conv2D vs PyTorch"),
 }
 
 
@@ -118,14 +120,28 @@ def _rq5(d: dict) -> str:
             f"{f['r2']:.2f}, largest deviation {100 * f['max_rel_deviation']:.0f}%")
 
 
+def _nets(d: dict) -> str:
+    parts = []
+    for r in d["results"]:
+        c = r["candidates"]
+        torch_best = max([c[k]["images_per_s"] for k in ("torch_nchw", "torch_cl") if k in c],
+                         default=0)
+        if "keras_cct" in c and torch_best:
+            parts.append(f"{r['net']} b{r['batch']} {r['dtype']}: "
+                         f"{c['keras_cct']['images_per_s'] / torch_best:.2f}x PyTorch")
+    return "keras_cct training step vs PyTorch: " + ("; ".join(parts) or "no result")
+
+
 HEADLINES: Dict[str, Callable[[dict], str]] = {
-    "batching": _rq1, "lowering": _rq2, "planner": _rq3, "hybrid": _rq4, "flops": _rq5}
+    "batching": _rq1, "lowering": _rq2, "planner": _rq3, "hybrid": _rq4, "flops": _rq5,
+    "nets": _nets}
 CCT = {
     "batching": "4.5x over Caffe at 8-16 cores",
     "lowering": "Type 1 best for d < o, Type 3 for d > o: crossover at d/o about 1",
     "planner": "picks the lowering by that crossover (no regret figure published)",
     "hybrid": "about 0.88 of the ideal (sum of the devices)",
     "flops": "throughput proportional to device FLOPS",
+    "nets": "CaffeNet: CcT matched Caffe's GPU speed on a CPU (no PyTorch figure)",
 }
 
 

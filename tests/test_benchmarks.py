@@ -257,3 +257,86 @@ def test_cct_bench_cli_runs_suite(tmp_path):
     """``cct bench`` passes its options to ``python -m benchmarks`` (here a rejected part)."""
     from keras_cct.cli import main
     assert main(["bench", "--out", str(tmp_path), "--parts", "nope"]) == 2
+
+
+# ------------------------------------------------------------------------------ whole nets
+
+_NETS_DEPLOY = """name: "tiny_deploy"
+input: "data"
+input_shape { dim: 1 dim: 3 dim: 19 dim: 19 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 8 kernel_size: 3 stride: 2 pad: 1 } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1"
+  batch_norm_param { use_global_stats: true } }
+layer { name: "sc1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "norm1" type: "LRN" bottom: "conv1" top: "norm1"
+  lrn_param { local_size: 3 alpha: 0.1 beta: 0.75 } }
+layer { name: "pool1" type: "Pooling" bottom: "norm1" top: "pool1"
+  pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 group: 2 } }
+layer { name: "sum" type: "Eltwise" bottom: "pool1" bottom: "conv2" top: "sum" }
+layer { name: "apool" type: "Pooling" bottom: "sum" top: "apool"
+  pooling_param { pool: AVE kernel_size: 2 stride: 2 pad: 1 } }
+layer { name: "cat" type: "Concat" bottom: "apool" bottom: "apool" top: "cat" }
+layer { name: "fc" type: "InnerProduct" bottom: "cat" top: "fc"
+  inner_product_param { num_output: 5 } }
+layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
+"""
+
+
+def test_nets_torch_translator_matches_keras(tmp_path):
+    """The same prototxt (a deploy net made trainable) through cct time's builder and through
+    the PyTorch translator, with the same weights: the same outputs."""
+    import torch
+
+    from benchmarks.nets import train_prototxt
+    from benchmarks.torch_net import load_caffemodel, load_torch_net
+    from keras_cct.caffe.train_commands import time_model
+    from keras_cct.caffe.weights import save_weights
+    src = tmp_path / "tiny.prototxt"
+    src.write_text(_NETS_DEPLOY)
+    path, shapes = train_prototxt(str(src), 3, tmp_path)
+    assert shapes == {"data": (3, 3, 19, 19), "label": (3,)}
+    model, batch = time_model(str(path), random_data=True, input_shapes=shapes)
+    assert [h.type for h in model.heads] == ["SoftmaxWithLoss"]
+    save_weights(model.net, tmp_path / "w.caffemodel")
+    net = load_torch_net(path, shapes)
+    assert load_caffemodel(net, tmp_path / "w.caffemodel") == 5  # conv1 bn1 sc1 conv2 fc
+    net.train()  # batch statistics on both sides (use_global_stats was dropped)
+    x = batch["data"]
+    loss, blobs = net({"data": torch.from_numpy(x.transpose(0, 3, 1, 2).copy()),
+                       "label": torch.zeros(3, dtype=torch.long)})
+    outs = model.net([batch[k] for k in model.input_blobs], training=True)
+    fc = keras.ops.convert_to_numpy(outs[model.output_blobs.index("fc")])
+    np.testing.assert_allclose(blobs["fc"].detach().numpy(), fc, rtol=1e-4, atol=1e-5)
+    loss.backward()  # in-place ReLU and the rest differentiate
+
+
+def test_nets_tiny_run(tmp_path):
+    """``python -m benchmarks.nets`` on a tiny train_val net: every candidate, the table, the
+    plot and the per-layer profile."""
+    from benchmarks import nets
+    src = tmp_path / "tiny_train_val.prototxt"
+    src.write_text(_NETS_DEPLOY.replace('input: "data"\ninput_shape { dim: 1 dim: 3 dim: 19 '
+                                        'dim: 19 }', "").replace(
+        "name: \"tiny_deploy\"", "name: \"tiny\"\nlayer { name: \"data\" type: \"Data\" top: "
+        "\"data\" top: \"label\" transform_param { crop_size: 19 } data_param { source: "
+        "\"nowhere\" batch_size: 64 } }").replace(
+        'layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }',
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" '
+        'top: "loss" }'))
+    assert nets.main(["--nets", f"{src}:4", "--dtypes", "float32,bfloat16", "--rounds", "1",
+                      "--out", str(tmp_path / "out")]) == 0
+    data = json.loads((tmp_path / "out" / "nets.json").read_text())
+    assert [(r["net"], r["batch"], r["dtype"]) for r in data["results"]] == [
+        ("tiny_train_val", 4, "float32"), ("tiny_train_val", 4, "bfloat16")]
+    for r in data["results"]:
+        assert set(r["candidates"]) == set(nets.CANDIDATES), r["failed"]
+        assert all(_finite_positive(c["images_per_s"]) for c in r["candidates"].values())
+    groups = {g["group"] for g in data["profile"]["groups"]}
+    assert {"conv", "LRN", "pooling", "InnerProduct", "BatchNorm", "Scale"} <= groups
+    md = (tmp_path / "out" / "nets.md").read_text()
+    assert "| tiny_train_val | 4 | float32 |" in md and "Per layer type" in md
+    assert (tmp_path / "out" / "nets.png").stat().st_size > 0
