@@ -1,0 +1,173 @@
+"""keras_cct.lowering.winograd: outputs and gradients of F(2x2, 3x3) and F(4x4, 3x3) against a
+direct float64 numpy convolution and against Keras' own convolution, on the current backend."""
+
+import functools
+
+import keras
+import numpy as np
+import pytest
+
+from keras_cct.lowering.geometry import conv_geometry
+from keras_cct.lowering.winograd import winograd_applies, winograd_conv2d
+from tests import reference as ref
+from tests.backend_grads import layer_grads, to_numpy
+
+# (input shape, kernel shape, padding, groups): odd and even sizes, padding 0, 1, "same" and
+# asymmetric, groups 1 and 2, batch 1 to 3, outputs that are and are not multiples of the tile.
+CASES = {
+    "valid_odd": ((1, 7, 9, 5), (3, 3, 5, 4), 0, 1),
+    "pad1_even": ((2, 8, 6, 6), (3, 3, 6, 3), 1, 1),
+    "asym_groups2": ((3, 9, 6, 4), (3, 3, 2, 6), ((1, 2), (0, 1)), 2),
+    "same_13": ((2, 13, 13, 8), (3, 3, 8, 5), "same", 1),
+    "groups2_pad1": ((1, 11, 10, 8), (3, 3, 4, 4), 1, 2),
+    "tiny": ((1, 3, 3, 2), (3, 3, 2, 2), 0, 1),
+}
+
+#: Relative error (max |err| / max |ref|) allowed in float64: only rounding of exact transforms.
+F64_TOL = 1e-12
+#: ... and in float32 against Keras' float32 convolution (measured about 5e-7 for tile 2 and
+#: 5e-6 for tile 4 on these shapes; F(4x4)'s transforms have entries up to 8 and 1/24).
+F32_TOL = {2: 1e-5, 4: 1e-4}
+
+
+def _run(conv, x, k, dy):
+    """(y, dx, dk) of ``sum(conv(x, k) * dy)`` on the current backend, in x's dtype."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+        tx, tk = tf.constant(x), tf.constant(k)
+        with tf.GradientTape() as tape:
+            tape.watch([tx, tk])
+            y = conv(tx, tk)
+            loss = tf.reduce_sum(y * tf.cast(dy, y.dtype))
+        return (to_numpy(y), *[to_numpy(g) for g in tape.gradient(loss, [tx, tk])])
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        def loss(a, b):
+            y = conv(a, b)
+            return jnp.sum(y * dy.astype(y.dtype)), y
+        # jit: one compilation per case instead of one per op and shape
+        (_, y), (dx, dk) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+            jnp.asarray(x), jnp.asarray(k))
+        return to_numpy(y), to_numpy(dx), to_numpy(dk)
+    import torch
+    tx = torch.tensor(x, requires_grad=True)
+    tk = torch.tensor(k, requires_grad=True)
+    y = conv(tx, tk)
+    (y * torch.tensor(dy, dtype=y.dtype)).sum().backward()
+    return to_numpy(y.detach()), to_numpy(tx.grad), to_numpy(tk.grad)
+
+
+def _case(name, dtype=np.float64):
+    xs, ks, padding, groups = CASES[name]
+    rng = np.random.default_rng(sorted(CASES).index(name))
+    x, k = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ks).astype(dtype)
+    geo = conv_geometry(xs, ks, padding=padding, groups=groups)
+    dy = rng.standard_normal((xs[0], geo.out_h, geo.out_w, ks[3])).astype(dtype)
+    return x, k, dy, geo, padding, groups
+
+
+#: F(4x4) on fewer cases: each case is one XLA compilation on JAX (seconds).
+F64_RUNS = [(c, 2) for c in sorted(CASES)] + [(c, 4) for c in ("valid_odd", "asym_groups2",
+                                                              "same_13")]
+
+
+@pytest.mark.parametrize("case,tile", F64_RUNS)
+def test_matches_float64_reference(case, tile):
+    x, k, dy, geo, padding, groups = _case(case)
+    y_ref = ref.conv2d(x, k, padding=padding, groups=groups)
+    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, padding=padding, groups=groups)
+    y, dx, dk = _run(lambda a, b: winograd_conv2d(a, b, geo, tile=tile), x, k, dy)
+    assert y.dtype == np.float64 and dx.dtype == np.float64 and dk.dtype == np.float64
+    assert y.shape == y_ref.shape and dx.shape == x.shape and dk.shape == k.shape
+    for got, want in ((y, y_ref), (dx, dx_ref), (dk, dk_ref)):
+        assert ref.rel_err(got, want) < F64_TOL
+
+
+@functools.lru_cache(maxsize=None)
+def _keras_reference(case):
+    """(y, dx, dk) of keras.layers.Conv2D in float32 (and y of keras.ops.conv for groups 1)."""
+    x, k, dy, geo, padding, groups = _case(case, np.float32)
+    keras_padding = geo.keras_padding
+    if keras_padding is None:  # Conv2D knows "valid" and "same" only: pad the input here
+        (t, b), (l, r) = geo.pad
+        x_in = np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)))
+        keras_padding = "valid"
+    else:
+        x_in = x
+    layer = keras.layers.Conv2D(k.shape[-1], 3, padding=keras_padding, groups=groups,
+                                use_bias=False, dtype="float32")
+    layer.build(x_in.shape)
+    layer.kernel.assign(k)
+    y_k, (dx_k, dk_k) = layer_grads(layer, x_in, dy)
+    if x_in is not x:
+        (t, _), (l, _) = geo.pad
+        dx_k = dx_k[:, t:t + x.shape[1], l:l + x.shape[2]]
+    y_ops = to_numpy(keras.ops.conv(x_in, k, padding=keras_padding)) if groups == 1 else y_k
+    return y_k, y_ops, dx_k, dk_k
+
+
+@pytest.mark.parametrize("case,tile", [("valid_odd", 2), ("asym_groups2", 2), ("same_13", 2),
+                                       ("same_13", 4)])
+def test_matches_keras_conv2d_float32(case, tile):
+    """Against keras.layers.Conv2D (output and both gradients) and keras.ops.conv, in float32."""
+    x, k, dy, geo, _, _ = _case(case, np.float32)
+    y_k, y_ops, dx_k, dk_k = _keras_reference(case)
+    y, dx, dk = _run(lambda a, b: winograd_conv2d(a, b, geo, tile=tile), x, k, dy)
+    assert y.dtype == np.float32 and dx.dtype == np.float32 and dk.dtype == np.float32
+    for got, want in ((y, y_k), (y, y_ops), (dx, dx_k), (dk, dk_k)):
+        assert ref.rel_err(got, want) < F32_TOL[tile]
+
+
+def test_bfloat16_keeps_dtype():
+    x, k, dy, geo, padding, groups = _case("asym_groups2", np.float32)
+    y_ref = ref.conv2d(x, k, padding=padding, groups=groups)
+    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, padding=padding, groups=groups)
+
+    def conv(a, b):
+        a, b = keras.ops.cast(a, "bfloat16"), keras.ops.cast(b, "bfloat16")
+        y = winograd_conv2d(a, b, geo, tile=2)
+        assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+        return keras.ops.cast(y, "float32")
+
+    y, dx, dk = _run(conv, x, k, dy)
+    for got, want in ((y, y_ref), (dx, dx_ref), (dk, dk_ref)):
+        assert ref.rel_err(got, want) < 3e-2
+
+
+def test_unknown_batch_tensorflow():
+    """TensorFlow traces with an unknown batch size: forward and gradients still work."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("only TensorFlow traces with an unknown batch")
+    import tensorflow as tf
+    x, k, dy, geo, padding, groups = _case("asym_groups2")
+
+    @tf.function(input_signature=[tf.TensorSpec((None,) + x.shape[1:], tf.float64),
+                                  tf.TensorSpec(k.shape, tf.float64),
+                                  tf.TensorSpec((None,) + dy.shape[1:], tf.float64)])
+    def step(a, b, d):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            y = winograd_conv2d(a, b, geo, tile=2)
+            loss = tf.reduce_sum(y * d)
+        return (y, *tape.gradient(loss, [a, b]))
+
+    y, dx, dk = (to_numpy(t) for t in step(x, k, dy))
+    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, padding=padding, groups=groups)
+    assert ref.rel_err(y, ref.conv2d(x, k, padding=padding, groups=groups)) < F64_TOL
+    assert ref.rel_err(dx, dx_ref) < F64_TOL and ref.rel_err(dk, dk_ref) < F64_TOL
+
+
+def test_applies_only_to_3x3_stride1_dilation1():
+    assert winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 4, 4), padding=1))
+    assert winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 2, 4), padding=((0, 1), (2, 0)),
+                                          groups=2))
+    assert not winograd_applies(conv_geometry((1, 9, 9, 4), (5, 5, 4, 4), padding=2))
+    assert not winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 4, 4), strides=2))
+    assert not winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 4, 4), dilation_rate=2))
+    assert not winograd_applies(conv_geometry((1, 9, 9, 4), (3, 1, 4, 4)))
+    with pytest.raises(ValueError):
+        winograd_conv2d(np.zeros((1, 9, 9, 4), np.float32), np.zeros((5, 5, 4, 4), np.float32),
+                        conv_geometry((1, 9, 9, 4), (5, 5, 4, 4)))
