@@ -12,6 +12,7 @@ RQ3     planner regret                 :mod:`benchmarks.planner` (reuses RQ2's t
 RQ4     hybrid CPU + OpenCL            :mod:`benchmarks.hybrid`
 RQ5     FLOPS proportionality          :mod:`benchmarks.flops`
 nets    whole nets vs PyTorch          :mod:`benchmarks.nets`
+convs   every conv vs Keras / PyTorch  :mod:`benchmarks.convs`
 ======  =============================  ==========================================
 
 Each part writes ``<part>.json``, ``<part>.md`` and ``<part>.png`` under ``--out`` (default
@@ -46,6 +47,8 @@ PARTS = {
     "hybrid": ("RQ4", "hybrid execution under CCTStrategy"),
     "flops": ("RQ5", "throughput proportional to calibrated FLOPS"),
     "nets": ("nets", "whole Caffe nets' training step: keras_cct vs Keras Conv2D vs PyTorch"),
+    "convs": ("convs", "every CaffeNet/VGG16/ResNet-50/MobileNet convolution: keras_cct vs "
+                       "Keras Conv2D vs PyTorch"),
 }
 
 
@@ -132,9 +135,25 @@ def _nets(d: dict) -> str:
     return "keras_cct training step vs PyTorch: " + ("; ".join(parts) or "no result")
 
 
+def _convs(d: dict) -> str:
+    s = d["summary"]
+    parts = []
+    for key in ("tensorflow caffenet float32", "tensorflow caffenet bfloat16"):
+        if key in s:
+            parts.append(f"TF CaffeNet {key.split()[-1]}: {s[key]['under_097_conv2d']}/"
+                         f"{s[key]['layers']} layers under 0.97x keras Conv2D, "
+                         f"{s[key]['under_1_best_peer']}/{s[key]['layers']} under 1.0x the best "
+                         "peer")
+    mins = [f"{k} {v['min_vs_best_peer']:.2f}" for k, v in s.items()
+            if v.get("min_vs_best_peer") is not None]
+    if mins:
+        parts.append("min default hybrid / best peer: " + ", ".join(mins))
+    return "; ".join(parts) or "no complete result"
+
+
 HEADLINES: Dict[str, Callable[[dict], str]] = {
     "batching": _rq1, "lowering": _rq2, "planner": _rq3, "hybrid": _rq4, "flops": _rq5,
-    "nets": _nets}
+    "nets": _nets, "convs": _convs}
 CCT = {
     "batching": "4.5x over Caffe at 8-16 cores",
     "lowering": "Type 1 best for d < o, Type 3 for d > o: crossover at d/o about 1",
@@ -142,6 +161,7 @@ CCT = {
     "hybrid": "about 0.88 of the ideal (sum of the devices)",
     "flops": "throughput proportional to device FLOPS",
     "nets": "CaffeNet: CcT matched Caffe's GPU speed on a CPU (no PyTorch figure)",
+    "convs": "(CcT compared with Caffe only; no per-layer Keras / PyTorch figure)",
 }
 
 

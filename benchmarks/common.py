@@ -6,7 +6,9 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
 
 from keras_cct.lowering.timing import best_of  # noqa: F401 -- the benchmarks' timer
 
@@ -33,35 +35,194 @@ def layer_train_step(layer):
 
 
 def spawn_config(module: str, spec: dict, *, env: Optional[Dict[str, str]] = None,
-                 timeout: float = 1200) -> dict:
-    """``module.run_config(spec)`` in a fresh Python process (TensorFlow fixes its thread pools
-    at start-up, so each configuration needs its own), on the TensorFlow backend."""
+                 timeout: float = 1200, backend: str = "tensorflow",
+                 on_line: Optional[Callable[[str], None]] = None,
+                 log_path: Optional[Path] = None, entry: str = "run_config") -> dict:
+    """``module.run_config(spec)`` (or ``module.<entry>(spec)``) in a fresh Python process (TensorFlow fixes its thread pools
+    at start-up, and ``KERAS_BACKEND`` must be set before keras is imported, so each
+    configuration needs its own), on the Keras ``backend`` (default TensorFlow).
+
+    ``on_line`` is called with each line the process prints (other than the result), as it
+    prints it (a progress bar); its standard error goes to ``log_path`` when given.
+    """
     import subprocess
     import sys
-    full_env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
+    import tempfile
+    import time
+    full_env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
                     **(env or {}))
-    code = (f"import json,sys; from {module} import run_config; "
-            "print('RESULT' + json.dumps(run_config(json.loads(sys.argv[1]))))")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=ROOT,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT"):
-            return json.loads(line[6:])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    raise RuntimeError(f"{module} configuration {spec} failed (exit code {proc.returncode}): "
-                       f"{tail[0][:300]}")
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep) if p])
+    code = (f"import json,sys; from {module} import {entry} as run; "
+            "print('RESULT' + json.dumps(run(json.loads(sys.argv[1]))), flush=True)")
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        err = open(log_path, "w+")
+    else:
+        err = tempfile.TemporaryFile("w+")
+    result, lines = None, []
+    deadline = time.monotonic() + timeout
+    with err:
+        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)], cwd=ROOT,
+                                env=full_env, stdout=subprocess.PIPE, stderr=err, text=True)
+        timer = None
+        try:
+            import threading
+            timer = threading.Timer(timeout, proc.kill)
+            timer.start()
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                if line.startswith("RESULT"):
+                    result = json.loads(line[6:])
+                else:
+                    lines.append(line)
+                    if on_line is not None:
+                        on_line(line)
+            proc.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if result is not None:
+            return result
+        err.seek(0)
+        tail = (err.read().strip() or "\n".join(lines).strip()).splitlines()[-1:] or \
+            ["no output"]
+    why = "timed out" if time.monotonic() >= deadline else f"exit code {proc.returncode}"
+    raise RuntimeError(f"{module} configuration {spec if len(str(spec)) < 300 else '...'} "
+                       f"failed ({why}): {tail[0][:300]}")
 
 
-def machine() -> Dict[str, object]:
-    """What the numbers were measured on."""
-    import keras
+# ------------------------------------------------------------------------------ the machine
+
+#: /proc/cpuinfo flags naming the vector and matrix units that matter for GEMM and convolution.
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+             "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+             "amx_int8", "amx_fp16", "asimd", "sve", "sve2", "bf16", "sme")
+
+
+def cpu_info() -> Dict[str, object]:
+    """The CPU's model name, logical cores (and those this process may use), and which vector
+    / matrix units it has, from ``/proc/cpuinfo``."""
     from keras_cct.lowering.planner import _cpu_name
-    info = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "keras": keras.__version__, "backend": keras.backend.backend()}
-    if keras.backend.backend() == "tensorflow":
+    flags: set = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags.update(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    have = [f for f in ISA_FLAGS if f in flags]
+    if "amx_bf16" in flags:
+        matrix = "AMX-BF16" + (" + AMX-FP16" if "amx_fp16" in flags else "")
+    elif "sme" in flags:
+        matrix = "SME"
+    else:
+        matrix = "none"
+    if "avx512f" in flags:
+        vector = "AVX-512" + (" + AVX512-BF16" if "avx512_bf16" in flags else "") + \
+            (" + AVX512-FP16" if "avx512_fp16" in flags else "")
+    elif "avx2" in flags:
+        vector = "AVX2" + (" + FMA" if "fma" in flags else "")
+    elif "asimd" in flags:
+        vector = "NEON" + (" + SVE" if "sve" in flags else "")
+    else:
+        vector = "unknown"
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    return {"model": _cpu_name(), "logical_cores": os.cpu_count(), "usable_cores": usable,
+            "vector_units": vector, "matrix_units": matrix, "isa_flags": have,
+            "machine": platform.machine()}
+
+
+def peak_gflops(dtype: str = "float32", cpu: Optional[dict] = None) -> Dict[str, float]:
+    """An upper bound of this CPU's arithmetic rate (GFLOP/s on the usable cores): flops per
+    cycle per core from its vector / matrix units (AVX-512: two 512-bit FMA pipes, 64 float32
+    flops; AVX512-BF16 doubles that for bfloat16; AMX-BF16: 1024 bfloat16 flops) times the
+    highest clock (cpufreq's maximum, else twice the nominal ``cpu MHz``: no boost is higher).
+    No measured rate can pass it; a benchmark that does has not measured what it thinks."""
+    cpu = cpu or cpu_info()
+    flags = set(cpu["isa_flags"])
+    per_cycle = 64 if "avx512f" in flags else 32 if "fma" in flags else 16
+    if dtype == "bfloat16":
+        if "amx_bf16" in flags:
+            per_cycle = 1024
+        elif "avx512_bf16" in flags or "avx512_fp16" in flags:
+            per_cycle *= 2
+    mhz, source = None, "cpufreq maximum"
+    try:
+        mhz = int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e3
+    except (OSError, ValueError):
+        pass
+    if not mhz:
+        source = "2 x the nominal cpu MHz"
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("cpu MHz"):
+                    mhz = 2 * float(line.split(":", 1)[1])
+                    break
+        except (OSError, ValueError):
+            pass
+    mhz = mhz or 8000.0
+    return {"gflops": cpu["usable_cores"] * per_cycle * mhz / 1e3, "flops_per_cycle": per_cycle,
+            "mhz": mhz, "clock_from": source}
+
+
+def library_versions() -> Dict[str, str]:
+    """Versions of the libraries a benchmark may run (those importable; none is imported
+    here that was not already, except to read ``__version__``)."""
+    from importlib import metadata
+    out = {"python": platform.python_version()}
+    for dist in ("keras", "tensorflow", "jax", "jaxlib", "torch", "numpy", "keras_cct"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def matmul_step(library: str, dtype: str = "float32", n: int = 2048):
+    """(step, flops): a no-argument callable computing one ``n``-cubed matrix product in
+    ``library`` (``"tensorflow"``, ``"jax"`` or ``"torch"``) and ``dtype`` (``"float32"`` /
+    ``"bfloat16"``), blocking until it is done, and the product's flops."""
+    rng = np.random.default_rng(0)
+    a_np = rng.standard_normal((n, n)).astype("float32")
+    b_np = rng.standard_normal((n, n)).astype("float32")
+    if library == "tensorflow":
         import tensorflow as tf
-        info["tensorflow"] = tf.__version__
-    return info
+        a, b = (tf.cast(tf.constant(v), dtype) for v in (a_np, b_np))
+        fn = tf.function(lambda a, b: tf.matmul(a, b))
+        step = lambda: fn(a, b)[0, 0].numpy()  # noqa: E731
+    elif library == "jax":
+        import jax
+        import jax.numpy as jnp
+        a, b = (jnp.asarray(v, dtype=dtype) for v in (a_np, b_np))
+        fn = jax.jit(jnp.matmul)
+        step = lambda: jax.block_until_ready(fn(a, b))  # noqa: E731
+    elif library == "torch":
+        import torch
+        tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+        a, b = (torch.from_numpy(v).to(tdt) for v in (a_np, b_np))
+        step = lambda: torch.mm(a, b)  # noqa: E731
+    else:
+        raise ValueError(f"no matrix product for library {library!r}")
+    return step, 2 * n ** 3
+
+
+def matmul_ceiling(library: str, dtype: str = "float32", n: int = 2048,
+                   repeats: int = 5) -> float:
+    # (a 2048^3 product of float32 needs 48 MB: on a machine whose L3 cache is shared with
+    # other tenants it can run well below the GEMM's rate at 512-1024; see benchmarks.convs)
+    """GFLOP/s of the best of ``repeats`` ``n``-cubed matrix products in ``library`` and
+    ``dtype`` (see :func:`matmul_step`): what that library's GEMM delivers on this machine, the
+    ceiling no convolution's direct-flop rate should exceed."""
+    step, flop = matmul_step(library, dtype, n)
+    return flop / best_of(step, repeats) / 1e9
 
 
 def markdown_table(header: Sequence[str], rows: List[Sequence[object]]) -> str:

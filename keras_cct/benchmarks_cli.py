@@ -61,7 +61,7 @@ def register(subparsers) -> None:
     """Add ``cct bench`` to the ``cct`` command line."""
     p = subparsers.add_parser(
         "bench", help="run the benchmark suite (CcT's RQ1-RQ5: batching, lowerings, planner, "
-                      "hybrid, FLOPS)",
+                      "hybrid, FLOPS; and per-layer convolutions vs Keras and PyTorch)",
         description="Run keras_cct's benchmark suite from the source checkout: each part writes "
                     "JSON, a markdown table and a PNG plot, then a summary next to CcT's "
                     "published figures.")
@@ -70,5 +70,6 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None,
                    help="results folder (default: docs/benchmarks/ of the checkout)")
     p.add_argument("--parts", default=None,
-                   help="comma-separated subset of: batching, lowering, planner, hybrid, flops")
+                   help="comma-separated subset of: batching, lowering, planner, hybrid, flops, "
+                        "nets, convs")
     p.set_defaults(func=run_bench)

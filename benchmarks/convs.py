@@ -1,0 +1,605 @@
+"""Per-layer convolution benchmark: is keras_cct faster than what users would run instead?
+
+Every convolution of CaffeNet, VGG16, ResNet-50 and MobileNet v1 (read from the prototxts in
+``../shared/caffe-models/prototxt-only/`` by ``keras_cct.caffe.load_net``; identical shapes
+measured once, with their count), one training step (forward + backward, the forward's output
+always fetched) of each candidate:
+
+* ``hybrid``: ``keras_cct.HybridConv2D`` with all its defaults, as shipped (its pick is
+  reported), and ``hybrid_<lowering>`` for each explicit ``lowering=`` (type1, type2, type3,
+  native, winograd where 3x3 stride 1 and HybridConv2D accepts the name);
+* ``keras_conv2d``: ``keras.layers.Conv2D(groups=g)`` (``padding="same"`` where equivalent to
+  Caffe's padding, else ``ZeroPadding2D`` + ``"valid"``), ``keras_split`` (groups > 1:
+  ``keras.ops.split`` -- ``tf.split`` on TensorFlow -- + one Conv2D per group + Concatenate),
+  ``keras_depthwise`` (depthwise layers: ``keras.layers.DepthwiseConv2D``, what a Keras user
+  writes there instead of a split into hundreds of groups);
+* ``torch_nchw`` / ``torch_cl``: ``torch.nn.Conv2d(groups=g)`` on NCHW tensors, contiguous or
+  ``channels_last`` (input and module), eager; measured in every backend's process too.
+
+on each Keras backend (one process per backend, dtype and net; ``KERAS_BACKEND`` is set before
+keras is imported) in float32 and bfloat16 (Keras: the ``mixed_bfloat16`` policy; PyTorch:
+``torch.autocast("cpu", torch.bfloat16)``; float32 weights). Candidates are timed side by side,
+round-robin (one call of each per round), best of ``--repeats`` rounds. The GEMM ceiling: the
+best square matrix product (512, 1024 and 2048) of the backend, PyTorch and JAX in the run's
+dtype (and float32), measured in each process at the start and the fastest again beside every
+shape's candidates; a candidate whose forward+backward rate (3 x the direct convolution's flops
+/ time) exceeds it is flagged as a measuring error, not reported (``--flag-above peak``: only
+above the CPU's arithmetic peak, see ``benchmarks.common.peak_gflops``; both are recorded). "plan ms": the first training step of a
+freshly built default HybridConv2D (empty planner cache: ``KERAS_CCT_CACHE_DIR`` is a fresh
+folder per process) minus a steady-state step.
+
+Writes ``convs.json``, ``convs.md`` and ``convs.png`` under ``--out`` (default
+``docs/benchmarks/``); each process' standard error goes to ``<out>/logs/convs-*.log``.
+Run: ``python -m benchmarks.convs [--quick] [--nets caffenet,vgg16,resnet50,mobilenet]
+[--backends tensorflow,jax,torch] [--dtypes float32,bfloat16] [--repeats N] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from benchmarks.common import (DEFAULT_OUT, ROOT, cpu_info, library_versions, matmul_ceiling,
+                               peak_gflops, spawn_config)
+
+PROTOTXT = ROOT.parent / "shared" / "caffe-models" / "prototxt-only"
+# net: (prototxt under PROTOTXT, batch, input h=w). CaffeNet at its real size; the others
+# reduced so that the whole run (4 nets x 3 backends x 2 dtypes) takes about half an hour on
+# two cores: VGG16 and ResNet-50 at batch 8 on 112x112 (a quarter of the flops of 224x224),
+# MobileNet at batch 16 on 224x224.
+NETS = {
+    "caffenet": ("bvlc_reference_caffenet/deploy.prototxt", 32, 227),
+    "vgg16": ("vgg16/deploy.prototxt", 8, 112),
+    "resnet50": ("resnet50/ResNet-50-deploy.prototxt", 8, 112),
+    "mobilenet": ("mobilenet_caffe/mobilenet_deploy.prototxt", 16, 224),
+}
+QUICK = {"net": "caffenet", "layers": ("conv2", "conv3"), "batch": 8, "repeats": 2}
+BACKENDS = ("tensorflow", "jax", "torch")
+DTYPES = ("float32", "bfloat16")
+PEER_SET = ("keras_conv2d", "keras_split", "keras_depthwise", "torch_nchw", "torch_cl")
+#: A candidate whose best time is above max(SLOW_S, SLOW_FACTOR x the fastest) after a round
+#: is not timed in further rounds (its "rounds" says how many it got).
+SLOW_S, SLOW_FACTOR = 5.0, 10.0
+
+
+# ------------------------------------------------------------------------------ layer shapes
+
+def net_layers(net: str, batch: int, size: int) -> List[dict]:
+    """The distinct convolution shapes of ``net`` (in order of first use), each with the names
+    of the layers that have it."""
+    import keras  # noqa: F401 -- the backend this process runs
+    from keras_cct import HybridConv2D
+    from keras_cct.caffe import load_net
+    path = PROTOTXT / NETS[net][0]
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not found; the benchmark reads the Caffe prototxts "
+                                f"from ../shared/caffe-models/prototxt-only/ beside the checkout")
+    # lowering="native": no planner work while reading the shapes
+    model = load_net(str(path), input_shape=(batch, 3, size, size),
+                     conv_options={"lowering": "native"})
+    shapes: Dict[str, dict] = {}
+    for layer in model.layers:
+        if not isinstance(layer, HybridConv2D):
+            continue
+        _, h, w, c = layer.input.shape
+        shp = {"h": int(h), "w": int(w), "c": int(c), "o": layer.filters,
+               "k": list(layer.kernel_size), "s": list(layer.strides),
+               "pad": [list(p) for p in layer.padding], "d": list(layer.dilation_rate),
+               "g": layer.groups, "bias": bool(layer.use_bias)}
+        key = json.dumps(shp, sort_keys=True)
+        shapes.setdefault(key, dict(shp, names=[]))["names"].append(layer.name)
+    return list(shapes.values())
+
+
+def shape_label(shp: dict) -> str:
+    (pt, _), (pl, _) = shp["pad"]
+    g = f" g{shp['g']}" if shp["g"] > 1 else ""
+    return (f"{shp['h']}x{shp['w']}x{shp['c']}->{shp['o']} k{shp['k'][0]}x{shp['k'][1]} "
+            f"s{shp['s'][0]} p{pt}{g}")
+
+
+# ------------------------------------------------------------------------------ one process
+
+def _gflop(shp: dict, batch: int) -> float:
+    from benchmarks.peers import geometry
+    return geometry(shp, batch).flops(batch) / 1e9
+
+
+#: Libraries whose GEMM is measured in every process (besides the backend's): the ceiling is
+#: the best of them, since one library's GEMM may be far from the machine's (PyTorch's float32
+#: ``mm`` goes to MKL, which runs a slow path on AMD CPUs, while its convolutions use oneDNN).
+CEILING_LIBS = ("torch", "jax")
+
+
+#: Square GEMM sizes measured: the ceiling is the best of them (2048^3 in float32 moves 48 MB,
+#: more than the L3 cache a shared machine leaves, and can run at half the rate of 1024^3).
+CEILING_SIZES = (512, 1024, 2048)
+
+
+def ceiling_keys(backend: str, dtype: str, sizes=None) -> List[str]:
+    """``"<library> <dtype> <n>"`` of the GEMMs bounding a run: every library in ``dtype``, and
+    in float32 too for bfloat16 runs (a library may compute a bfloat16 op in float32), at each
+    of :data:`CEILING_SIZES`."""
+    libs = list(dict.fromkeys((backend,) + CEILING_LIBS))
+    dtypes = list(dict.fromkeys((dtype, "float32")))
+    return [f"{lib} {dt} {n}" for dt in dtypes for lib in libs for n in sizes or CEILING_SIZES]
+
+
+def gemm_probe(key: str):
+    """A callable timing one product of ``key`` (``"<library> <dtype> <n>"``), returning
+    GFLOP/s."""
+    from benchmarks.common import matmul_step
+    lib, dt, n = key.split()
+    step, flop = matmul_step(lib, dt, int(n))
+
+    def probe():
+        t0 = time.perf_counter()
+        step()
+        return flop / (time.perf_counter() - t0) / 1e9
+
+    probe()
+    return probe
+
+
+def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
+                  ceilings: Dict[str, float], probes: Optional[dict] = None) -> dict:
+    """Every candidate on one shape: first-call ms, best-of-rounds ms, GFLOP/s. ``ceilings``
+    (GFLOP/s per GEMM) is raised by the ``probes`` (run once per shape, before the rounds:
+    the ceiling is measured under the same load as the candidates); measuring errors are
+    flagged afterwards by :func:`flag` against the process' final ceiling."""
+    from benchmarks import peers
+    bf16 = dtype == "bfloat16"
+    x, r = peers.inputs(shp, batch)
+    gflop = _gflop(shp, batch)
+    res: Dict[str, dict] = {}
+    steps = {}
+    # the default first (its first call is the plan cost, nothing of this shape warmed up)
+    for name in peers.candidate_names(shp):
+        entry = res[name] = {}
+        try:
+            t0 = time.perf_counter()
+            step, info = peers.build(name, shp, batch, x, r, bf16)
+            step()
+            entry["first_ms"] = 1e3 * (time.perf_counter() - t0)
+            entry.update(info)
+            steps[name] = step
+        except peers.Skip as exc:
+            entry["skipped"] = str(exc)
+        except Exception as exc:  # noqa: BLE001 -- recorded, the others still run
+            entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}" \
+                if str(exc) else type(exc).__name__
+    best = {name: math.inf for name in steps}
+    rounds = {name: 0 for name in steps}
+    names = list(steps)
+    for rnd in range(repeats):
+        order = names[rnd % len(names):] + names[:rnd % len(names)] if names else []
+        if rnd == 0:
+            for key, probe in (probes or {}).items():
+                ceilings[key] = max(ceilings[key], probe())
+        for name in order:
+            try:
+                t0 = time.perf_counter()
+                steps[name]()
+                best[name] = min(best[name], time.perf_counter() - t0)
+                rounds[name] += 1
+            except Exception as exc:  # noqa: BLE001
+                res[name]["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                names.remove(name)
+        fastest = min((best[n] for n in names), default=math.inf)
+        names = [n for n in names if best[n] <= max(SLOW_S, SLOW_FACTOR * fastest)]
+    for name, t in best.items():
+        entry = res[name]
+        if "error" in entry or not math.isfinite(t):
+            continue
+        entry["ms"] = 1e3 * t
+        entry["rounds"] = rounds[name]
+        entry["gflops"] = 3 * gflop / t
+    for name in ("hybrid", "keras_conv2d"):
+        if "ms" in res.get(name, {}):  # first use: build + trace (+ plan) minus a steady step
+            res[name]["first_extra_ms"] = res[name]["first_ms"] - res[name]["ms"]
+    if "ms" in res.get("hybrid", {}):
+        res["hybrid"]["plan_ms"] = res["hybrid"]["first_extra_ms"]
+    del steps
+    gc.collect()
+    return {"shape": {k: v for k, v in shp.items() if k != "names"}, "names": shp["names"],
+            "label": shape_label(shp), "gflop_fwd": gflop, "candidates": res}
+
+
+def flag(layers: List[dict], ceiling: float, peak: float, dtype: str, policy: str) -> None:
+    """Mark each candidate faster than the GEMM ceiling (``above_gemm``) or than the CPU's
+    peak (``above_peak``); with ``policy`` "gemm" the first, with "peak" only the second is a
+    measuring error (left out of the ratios)."""
+    for layer in layers:
+        for entry in layer["candidates"].values():
+            if "gflops" not in entry:
+                continue
+            entry["above_gemm"] = entry["gflops"] > ceiling
+            entry["above_peak"] = entry["gflops"] > peak
+            if entry["above_peak"]:
+                entry["measuring_error"] = (f"{entry['gflops']:.0f} GFLOP/s > the CPU's {dtype} "
+                                            f"peak {peak:.0f}")
+            elif entry["above_gemm"] and policy == "gemm":
+                entry["measuring_error"] = (f"{entry['gflops']:.0f} GFLOP/s > the {dtype} "
+                                            f"GEMM ceiling {ceiling:.0f}")
+
+
+def run_config(spec: dict) -> dict:
+    """One process: ``spec`` = {net, batch, size, dtype, repeats, layers (names to keep, or
+    None), shapes (optional: use these instead of reading the net), flag ("gemm"/"peak"),
+    quick, ceiling_sizes (optional)}. Prints ``SHAPES n``, then a ``PROGRESS`` line per shape
+    measured."""
+    import keras
+    backend = keras.backend.backend()
+    dtype = spec["dtype"]
+    if dtype == "bfloat16":
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    import torch  # noqa: F401 -- the PyTorch peers run in every backend's process
+    t_start = time.perf_counter()
+    shapes = spec.get("shapes") or net_layers(spec["net"], spec["batch"], spec["size"])
+    if spec.get("layers"):
+        keep = set(spec["layers"])
+        shapes = [dict(s, names=[n for n in s["names"] if n in keep]) for s in shapes]
+        shapes = [s for s in shapes if s["names"]]
+    print(f"SHAPES {len(shapes)}", flush=True)
+    ceilings = {key: matmul_ceiling(key.split()[0], key.split()[1], int(key.split()[2]),
+                                    repeats=2 if spec.get("quick") else 3)
+                for key in ceiling_keys(backend, dtype, spec.get("ceiling_sizes"))}
+    start_ceilings = dict(ceilings)
+    fastest = max(ceilings, key=ceilings.get)  # re-measured beside every shape's candidates
+    probes = {fastest: gemm_probe(fastest)}
+    layers = []
+    for shp in shapes:
+        layers.append(measure_layer(shp, spec["batch"], backend, dtype, spec["repeats"],
+                                    ceilings, probes))
+        print(f"PROGRESS {shp['names'][0]}", flush=True)
+    ceiling = max(ceilings.values())
+    peak = peak_gflops(dtype)
+    flag(layers, ceiling, peak["gflops"], dtype, spec.get("flag", "gemm"))
+    import torch
+    return {"backend": backend, "dtype": dtype, "net": spec["net"], "batch": spec["batch"],
+            "size": spec["size"], "ceiling_gflops": ceiling, "ceilings_gflops": ceilings,
+            "peak": peak, "flag_policy": spec.get("flag", "gemm"),
+            "ceilings_at_start_gflops": start_ceilings, "layers": layers,
+            "torch_threads": torch.get_num_threads(), "versions": library_versions(),
+            "seconds": time.perf_counter() - t_start}
+
+
+# ------------------------------------------------------------------------------ reporting
+
+def best_peer(cands: dict) -> Optional[str]:
+    ok = {n: cands[n]["ms"] for n in PEER_SET if n in cands and valid(cands[n])}
+    return min(ok, key=ok.get) if ok else None
+
+
+def valid(entry: dict) -> bool:
+    return "ms" in entry and "measuring_error" not in entry and "error" not in entry
+
+
+def ratios(layer: dict) -> dict:
+    c = layer["candidates"]
+    h = c.get("hybrid", {})
+    out = {"vs_conv2d": None, "vs_best_peer": None, "best_peer": best_peer(c)}
+    if valid(h):
+        if valid(c.get("keras_conv2d", {})):
+            out["vs_conv2d"] = h["ms"] / c["keras_conv2d"]["ms"]
+        if out["best_peer"]:
+            out["vs_best_peer"] = h["ms"] / c[out["best_peer"]]["ms"]
+    return out
+
+
+def summarize(results: List[dict]) -> dict:
+    """Per (backend, dtype): min / max / count-weighted ratios, layers under 0.97x Conv2D and
+    under 1.0x the best peer; and the same for TensorFlow CaffeNet float32."""
+    groups: Dict[str, dict] = {}
+    for run in results:
+        key = f"{run['backend']} {run['dtype']}"
+        g = groups.setdefault(key, {"layers": 0, "conv2d": [], "peer": [], "under_097_conv2d": 0,
+                                    "under_1_best_peer": 0, "hyb_ms": 0.0, "conv2d_ms": 0.0,
+                                    "peer_ms": 0.0, "measuring_errors": 0, "errors": 0})
+        for layer in run["layers"]:
+            g["layers"] += 1
+            rt = ratios(layer)
+            n = len(layer["names"])
+            for c in layer["candidates"].values():
+                g["measuring_errors"] += "measuring_error" in c
+                g["errors"] += "error" in c
+            if rt["vs_conv2d"] is not None:
+                g["conv2d"].append(rt["vs_conv2d"])
+                g["under_097_conv2d"] += rt["vs_conv2d"] < 0.97
+                g["hyb_ms"] += n * layer["candidates"]["hybrid"]["ms"]
+                g["conv2d_ms"] += n * layer["candidates"]["keras_conv2d"]["ms"]
+            if rt["vs_best_peer"] is not None:
+                g["peer"].append(rt["vs_best_peer"])
+                g["under_1_best_peer"] += rt["vs_best_peer"] < 1.0
+                g["peer_ms"] += n * layer["candidates"][rt["best_peer"]]["ms"]
+    out = {}
+    for key, g in groups.items():
+        out[key] = {"layers": g["layers"],
+                    "min_vs_conv2d": min(g["conv2d"], default=None),
+                    "max_vs_conv2d": max(g["conv2d"], default=None),
+                    "min_vs_best_peer": min(g["peer"], default=None),
+                    "max_vs_best_peer": max(g["peer"], default=None),
+                    "under_097_conv2d": g["under_097_conv2d"],
+                    "under_1_best_peer": g["under_1_best_peer"],
+                    "compared_conv2d": len(g["conv2d"]), "compared_best_peer": len(g["peer"]),
+                    "measuring_errors": g["measuring_errors"], "errors": g["errors"]}
+    for run in results:
+        if run["backend"] == "tensorflow" and run["net"] == "caffenet":
+            rts = [ratios(layer) for layer in run["layers"]]
+            out[f"tensorflow caffenet {run['dtype']}"] = {
+                "layers": len(rts),
+                "under_097_conv2d": sum(r["vs_conv2d"] is not None and r["vs_conv2d"] < 0.97
+                                        for r in rts),
+                "under_1_best_peer": sum(r["vs_best_peer"] is not None and
+                                         r["vs_best_peer"] < 1.0 for r in rts),
+                "vs_conv2d": [r["vs_conv2d"] for r in rts],
+                "vs_best_peer": [r["vs_best_peer"] for r in rts]}
+    return out
+
+
+def _fmt(entry: dict) -> str:
+    if "ms" in entry:
+        s = f"{entry['ms']:.3g}"
+        if "measuring_error" in entry:
+            return f"~~{s}~~ (>{'peak' if entry.get('above_peak') else 'GEMM'})"
+        return f"{s} (>GEMM)" if entry.get("above_gemm") else s
+    if "error" in entry:
+        return "err"
+    return "-"
+
+
+def _r(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def markdown(data: dict) -> str:
+    from benchmarks.common import markdown_table
+    m = data["machine"]
+    cpu = m["cpu"]
+    lines = [
+        "# Per-layer convolutions: keras_cct vs what users run instead", "",
+        f"Command: `{data['command']}` ({data['when']}, {data['seconds']:.0f} s).", "",
+        f"Machine: **{cpu['model']}**, {cpu['logical_cores']} logical cores "
+        f"({cpu['usable_cores']} usable), vector units: {cpu['vector_units']}, matrix units: "
+        f"{cpu['matrix_units']} (flags: {', '.join(cpu['isa_flags'])}). Libraries: "
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
+        "Times: one training step (forward + backward, output fetched), best of the rounds, "
+        "all candidates of a shape timed round-robin in one process. Ratios: default "
+        "HybridConv2D time / keras Conv2D's, and / the best peer's (fastest of keras_conv2d, "
+        "keras_split, keras_depthwise, torch_nchw, torch_cl); below 1 = keras_cct faster. "
+        "~~struck~~ (>GEMM or >peak): faster than the GEMM ceiling or the CPU's peak, "
+        "a measuring error, left out of the ratios (see the ceilings below). err: failed (listed under the table). -: not applicable.", "",
+        "## Summary", ""]
+    rows = []
+    for key, s in data["summary"].items():
+        if "min_vs_conv2d" not in s:
+            continue
+        rows.append([key, s["layers"], f"{_r(s['min_vs_conv2d'])}-{_r(s['max_vs_conv2d'])}",
+                     f"{s['under_097_conv2d']}/{s['compared_conv2d']}",
+                     f"{_r(s['min_vs_best_peer'])}-{_r(s['max_vs_best_peer'])}",
+                     f"{s['under_1_best_peer']}/{s['compared_best_peer']}",
+                     s["measuring_errors"], s["errors"]])
+    lines.append(markdown_table(
+        ["backend dtype", "shapes", "hybrid / Conv2D (min-max)", "under 0.97x Conv2D",
+         "hybrid / best peer (min-max)", "under 1.0x best peer", "measuring errors",
+         "failed runs"], rows))
+    for key, s in data["summary"].items():
+        if key.startswith("tensorflow caffenet"):
+            lines.append(f"**TensorFlow CaffeNet {key.split()[-1]}**: "
+                         f"{s['under_097_conv2d']} of {s['layers']} layers under 0.97x keras "
+                         f"Conv2D, {s['under_1_best_peer']} under 1.0x the best peer "
+                         f"(hybrid / Conv2D: {', '.join(_r(v) for v in s['vs_conv2d'])}; "
+                         f"/ best peer: {', '.join(_r(v) for v in s['vs_best_peer'])}).\n")
+    policy = data.get("flag_above", "gemm")
+    lines += ["## GEMM ceilings (GFLOP/s)", "",
+              "Best square product (n = " + ", ".join(map(str, CEILING_SIZES)) + ") of each "
+              "library in each process (best of 3 at the start; the fastest one again beside "
+              "every shape's candidates). The ceiling a run's candidates are checked against is "
+              "the best of them (float32 products count for bfloat16 runs too). Peak: the "
+              "CPU's arithmetic upper bound (usable cores x flops/cycle x highest clock). "
+              + ("Rates above the GEMM ceiling are measuring errors (struck, left out). "
+                 if policy == "gemm" else
+                 "Only rates above the peak are measuring errors (`--flag-above peak`); those "
+                 "above the GEMM ceiling are marked (>GEMM) and kept. ")
+              + "Winograd does fewer multiplications than the direct convolution, so its "
+              "direct-flop rate may legitimately pass the GEMM ceiling.", ""]
+    crow = []
+    for run in data["runs"]:
+        per_lib: Dict[str, tuple] = {}
+        for key, v in run["ceilings_gflops"].items():
+            lib, dt, n = key.split()
+            if v > per_lib.get(f"{lib} {dt}", (0,))[0]:
+                per_lib[f"{lib} {dt}"] = (v, n)
+        crow.append([f"{run['backend']} {run['dtype']} {run['net']}",
+                     f"{run['ceiling_gflops']:.0f}", f"{run['peak']['gflops']:.0f}",
+                     "; ".join(f"{k} {v:.0f} (n={n})" for k, (v, n) in per_lib.items())])
+    lines.append(markdown_table(["process", "GEMM ceiling", "peak", "best GEMM per library"],
+                                crow))
+    from benchmarks.peers import LOWERINGS
+    cand_cols = ["hybrid"] + [f"hybrid_{low}" for low in LOWERINGS] + list(PEER_SET)
+    for run in data["runs"]:
+        lines += [f"## {run['net']}, {run['backend']}, {run['dtype']} "
+                  f"(batch {run['batch']}, {run['size']}x{run['size']})", ""]
+        rows, notes = [], []
+        for layer in run["layers"]:
+            c = layer["candidates"]
+            rt = ratios(layer)
+            names = ",".join(layer["names"][:3]) + (
+                f" (+{len(layer['names']) - 3})" if len(layer["names"]) > 3 else "")
+            h = c.get("hybrid", {})
+            rows.append([names, len(layer["names"]), layer["label"],
+                         f"{3 * layer['gflop_fwd']:.3g}", h.get("pick", "-"),
+                         f"{h['plan_ms']:.0f}" if "plan_ms" in h else "-"]
+                        + [_fmt(c.get(n, {})) for n in cand_cols]
+                        + [rt["best_peer"] or "-", _r(rt["vs_conv2d"]), _r(rt["vs_best_peer"])])
+            for n in cand_cols:
+                e = c.get(n, {})
+                if "error" in e:
+                    notes.append(f"- {layer['names'][0]} {n}: {e['error']}")
+                if "measuring_error" in e:
+                    notes.append(f"- {layer['names'][0]} {n}: measuring error, "
+                                 f"{e['measuring_error']}")
+                if e.get("rounds", repeats_of(data)) < repeats_of(data):
+                    notes.append(f"- {layer['names'][0]} {n}: timed in {e['rounds']} round(s) "
+                                 f"only (over {SLOW_FACTOR:g}x the fastest)")
+        skipped = sorted({f"{n}: {e['skipped']}" for layer in run["layers"]
+                          for n, e in layer["candidates"].items() if "skipped" in e})
+        lines.append(markdown_table(
+            ["layers", "n", "shape", "f+b GFLOP", "default's pick", "plan ms"]
+            + [n.replace("hybrid_", "") for n in cand_cols]
+            + ["best peer", "hybrid / Conv2D", "hybrid / best peer"], rows))
+        if notes:
+            lines += notes + [""]
+        if skipped:
+            lines += ["Not run: " + "; ".join(skipped) + ".", ""]
+    return "\n".join(lines) + "\n"
+
+
+def repeats_of(data: dict) -> int:
+    return data["repeats"]
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    panels: Dict[str, list] = {}
+    for run in data["runs"]:
+        panels.setdefault(f"{run['backend']} {run['dtype']}", []).extend(
+            (f"{run['net']}:{layer['names'][0]}", ratios(layer)) for layer in run["layers"])
+    n = max((len(v) for v in panels.values()), default=1)
+    fig, axes = plt.subplots(len(panels) or 1, 1, figsize=(max(8.0, 0.28 * n + 2), 3.2 *
+                                                            max(len(panels), 1)), squeeze=False)
+    for ax, (key, items) in zip(axes[:, 0], panels.items()):
+        xs = np.arange(len(items))
+        nan = float("nan")
+        a = [rt["vs_conv2d"] if rt["vs_conv2d"] is not None else nan for _, rt in items]
+        b = [rt["vs_best_peer"] if rt["vs_best_peer"] is not None else nan for _, rt in items]
+        ax.bar(xs - 0.2, a, 0.4, label="default hybrid / keras Conv2D")
+        ax.bar(xs + 0.2, b, 0.4, label="default hybrid / best peer")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_title(key, fontsize=9)
+        ax.set_xticks(xs, [label for label, _ in items], rotation=90, fontsize=6)
+        ax.set_ylabel("time ratio (<1: faster)", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ the parent
+
+def _csv(value: str, allowed) -> List[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(allowed)}")
+    return items
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.convs",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="CaffeNet conv2 + conv3 only, batch 8, 2 repeats (a smoke test)")
+    parser.add_argument("--nets", type=lambda v: _csv(v, NETS), default=list(NETS))
+    parser.add_argument("--backends", type=lambda v: _csv(v, BACKENDS), default=list(BACKENDS))
+    parser.add_argument("--dtypes", type=lambda v: _csv(v, DTYPES), default=list(DTYPES))
+    parser.add_argument("--repeats", type=int, default=None, help="rounds (default 3)")
+    parser.add_argument("--layers", default=None,
+                        help="comma-separated layer names to keep (default: all)")
+    parser.add_argument("--batch", type=int, default=None, help="override every net's batch")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per process")
+    parser.add_argument("--flag-above", choices=("gemm", "peak"), default="gemm",
+                        help="a rate above what is a measuring error: the best GEMM measured "
+                             "(default) or the CPU's arithmetic peak (both are recorded)")
+    args = parser.parse_args(argv)
+    from tqdm import tqdm
+    nets = {n: (NETS[n][1], NETS[n][2]) for n in args.nets}
+    layers = args.layers.split(",") if args.layers else None
+    repeats = args.repeats or 3
+    if args.quick:
+        nets = {QUICK["net"]: (QUICK["batch"], NETS[QUICK["net"]][2])}
+        layers = layers or list(QUICK["layers"])
+        repeats = args.repeats or QUICK["repeats"]
+    if args.batch:
+        nets = {n: (args.batch, size) for n, (_, size) in nets.items()}
+    out = args.out.resolve()
+    logs = out / "logs"
+    t0 = time.perf_counter()
+    jobs = [(b, d, n) for b in args.backends for d in args.dtypes for n in nets]
+    runs, failures = [], []
+    shape_counts: Dict[str, int] = {}  # net -> shapes, once a process has said (SHAPES n)
+
+    def expected() -> int:
+        known = [shape_counts[n] for _, _, n in jobs if n in shape_counts]
+        guess = max(known, default=5)
+        return sum(shape_counts.get(n, guess) for _, _, n in jobs)
+
+    with tqdm(total=expected(), desc="convs", unit="shape") as bar:
+        for backend, dtype, net in jobs:
+            bar.set_postfix_str(f"{backend} {dtype} {net}")
+            cache = tempfile.mkdtemp(prefix="cct-convs-cache-")
+            spec = {"net": net, "batch": nets[net][0], "size": nets[net][1], "dtype": dtype,
+                    "repeats": repeats, "layers": layers, "quick": args.quick,
+                    "flag": args.flag_above}
+            done = [0]
+
+            def on_line(line, done=done, net=net):
+                if line.startswith("SHAPES"):
+                    shape_counts[net] = int(line.split()[1])
+                    bar.total = expected()
+                    bar.refresh()
+                elif line.startswith("PROGRESS"):
+                    done[0] += 1
+                    bar.update(1)
+
+            try:
+                runs.append(spawn_config(
+                    "benchmarks.convs", spec, backend=backend, timeout=args.timeout,
+                    env={"KERAS_CCT_CACHE_DIR": cache}, on_line=on_line,
+                    log_path=logs / f"convs-{backend}-{dtype}-{net}.log"))
+            except RuntimeError as exc:
+                failures.append({"backend": backend, "dtype": dtype, "net": net,
+                                 "error": str(exc)})
+                tqdm.write(f"{backend} {dtype} {net}: {exc}", file=sys.stderr)
+                bar.update(max(shape_counts.get(net, done[0]) - done[0], 0))
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+    command = "python -m benchmarks.convs " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    data = {"command": command.strip(), "when": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "seconds": time.perf_counter() - t0, "repeats": repeats,
+            "machine": {"cpu": cpu_info(), "versions": library_versions(),
+                        "torch_threads": sorted({r["torch_threads"] for r in runs})},
+            "nets": {n: {"batch": b, "size": s, "prototxt": NETS[n][0]}
+                     for n, (b, s) in nets.items()},
+            "runs": runs, "failures": failures, "flag_above": args.flag_above}
+    data["summary"] = summarize(runs)
+    md = markdown(data)
+    if failures:
+        md += "\n## Failed processes\n\n" + "\n".join(
+            f"- {f['backend']} {f['dtype']} {f['net']}: {f['error']}" for f in failures) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "convs.json").write_text(json.dumps(data, indent=1))
+    (out / "convs.md").write_text(md)
+    plot(data, out / "convs.png")
+    print(md)
+    return data
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
