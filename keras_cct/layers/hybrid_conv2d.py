@@ -12,7 +12,7 @@ from keras_cct.errors import LoweringError
 from keras_cct.lowering import check_lowering, choose_for, conv2d_geo, conv_geometry
 from keras_cct.lowering.geometry import (ConvGeometry, normalize_pair, normalize_padding,
                                          padding_to_config)
-from keras_cct.lowering.planner import PLANNER_MODES, available
+from keras_cct.lowering.planner import NEEDS, PLANNER_MODES, available
 from keras_cct.strategy import context as strategy_context
 
 
@@ -29,8 +29,10 @@ class HybridConv2D(keras.layers.Layer):
             ``(pad_h, pad_w)``, or ``((top, bottom), (left, right))``.
         lowering: ``"auto"`` (chosen per input shape by the planner), ``"type1"`` (im2col),
             ``"type2"``, ``"type3"`` (1x1 GEMM + shift-and-add lifting), ``"winograd"``
-            (F(2x2, 3x3) for 3x3 kernels at stride 1) or ``"native"`` (the backend's own
-            convolution in its fastest form: see :mod:`keras_cct.lowering.native`).
+            (F(2x2, 3x3) for 3x3 kernels at stride 1), ``"space_to_depth"`` (a strided
+            convolution as a stride-1 one on rearranged input, for first layers) or
+            ``"native"`` (the backend's own convolution in its fastest form: see
+            :mod:`keras_cct.lowering.native`).
         planner: how ``"auto"`` chooses: ``"auto"`` (the default: the backend's own convolution
             against the cost model's best lowering and Winograd, timed once per shape and
             cached on disk; never the slower choice), ``"model"`` (CcT's rule through the cost
@@ -152,10 +154,10 @@ class HybridConv2D(keras.layers.Layer):
             if lowering == "auto":
                 lowering = choose_for(geo, mode=self.planner, dtype=self.compute_dtype)
             elif lowering not in available(geo):
-                raise ValueError(f"layer '{self.name}': lowering {lowering!r} cannot compute "
-                                 f"this convolution (kernel {self.kernel_size}, strides "
-                                 f"{self.strides}, dilation {self.dilation_rate}); it needs "
-                                 f"a 3x3 kernel at stride 1 without dilation. Use "
+                raise ValueError(f"layer '{self.name}': lowering {lowering!r} needs "
+                                 f"{NEEDS[lowering]}; this layer has kernel "
+                                 f"{self.kernel_size}, strides {self.strides}, dilation "
+                                 f"{self.dilation_rate}, groups {self.groups}. Use "
                                  f"lowering='auto' or one of {available(geo)}")
             plan = self._plans[key] = (geo, lowering)
         return plan

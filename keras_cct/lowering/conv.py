@@ -8,7 +8,9 @@ from keras_cct.errors import LoweringError
 from keras_cct.lowering.engine import MODES, lowered_conv2d
 from keras_cct.lowering.geometry import ConvGeometry, PaddingArg, conv_geometry
 from keras_cct.lowering.native import native_conv2d
-from keras_cct.lowering.planner import ALL_LOWERINGS, choose_for
+from keras_cct.lowering.planner import ALL_LOWERINGS, NEEDS, available, choose_for
+from keras_cct.lowering.space_to_depth import space_to_depth_conv2d
+from keras_cct.lowering.winograd import winograd_conv2d
 
 LOWERING_NAMES = ("auto",) + ALL_LOWERINGS
 
@@ -27,14 +29,15 @@ def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str):
         return native_conv2d(x, kernel, geo)
     if lowering in MODES:
         return lowered_conv2d(x, kernel, geo, lowering)
-    if lowering == "winograd":
-        from keras_cct.lowering.winograd import winograd_applies, winograd_conv2d
-        if not winograd_applies(geo):
+    if lowering in NEEDS:
+        if lowering not in available(geo):
             raise LoweringError(
-                f"lowering 'winograd' needs a 3x3 kernel at stride 1 without dilation, got "
-                f"kernel ({geo.kh}, {geo.kw}), strides ({geo.sh}, {geo.sw}), dilation "
-                f"({geo.dh}, {geo.dw}); use 'auto' or another lowering")
-        return winograd_conv2d(x, kernel, geo)
+                f"lowering {lowering!r} needs {NEEDS[lowering]}; got kernel ({geo.kh}, "
+                f"{geo.kw}), strides ({geo.sh}, {geo.sw}), dilation ({geo.dh}, {geo.dw}), "
+                f"groups {geo.groups}. Use 'auto' or one of {available(geo)}")
+        if lowering == "winograd":
+            return winograd_conv2d(x, kernel, geo)
+        return space_to_depth_conv2d(x, kernel, geo)
     raise LoweringError(f"`lowering` must be one of {ALL_LOWERINGS} here, got {lowering!r}")
 
 
@@ -51,8 +54,8 @@ def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", di
             ``((top, bottom), (left, right))``.
         groups: channel groups (``channels`` and ``filters`` must be multiples of it).
         lowering: ``"type1"``, ``"type2"``, ``"type3"``, ``"winograd"`` (3x3, stride 1),
-            ``"native"`` (the backend's own convolution) or ``"auto"`` (chosen by
-            :func:`keras_cct.lowering.choose`).
+            ``"space_to_depth"`` (strided, e.g. a first layer), ``"native"`` (the backend's own
+            convolution) or ``"auto"`` (chosen by :func:`keras_cct.lowering.choose`).
         planner: the ``mode`` :func:`~keras_cct.lowering.choose` uses for ``"auto"``.
 
     Returns:

@@ -4,7 +4,8 @@ Three modes:
 
 * ``mode="auto"`` (what :class:`~keras_cct.HybridConv2D` uses by default): never slower than the
   backend's own convolution. A shortlist -- ``"native"`` (the backend's own convolution in its
-  fastest form), the cost model's best lowered type and, where it applies, ``"winograd"`` -- is
+  fastest form), the cost model's best lowered type and, where they apply, ``"winograd"`` and
+  ``"space_to_depth"`` (:data:`NEEDS`) -- is
   timed once for the exact shape, backend, dtype and machine (forward+backward at up to
   :data:`AUTO_BATCH` images, two repeats), and the winner is cached on disk, so the first use
   of a shape costs about a second at most and later ones nothing. A convolution of less than
@@ -34,7 +35,7 @@ from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering.cost import LOWERED_TYPES, Machine, cost, estimate_seconds
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 
-ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd")
+ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd", "space_to_depth")
 PLANNER_MODES = ("auto", "model", "measure")
 CACHE_VERSION = 3  # 3: steps fetch the forward; "auto" mode; native per backend; winograd
 
@@ -82,11 +83,21 @@ def _device_name() -> str:
     return f"cpu:{_cpu_name()}:{os.cpu_count()}"
 
 
+#: What each lowering that does not take every convolution needs (for error messages).
+NEEDS = {
+    "winograd": "a 3x3 kernel at stride 1 without dilation",
+    "space_to_depth": "a stride above 1, one group, no dilation and a kernel whose zero-padding "
+                      "to a multiple of the stride adds at most 40% to its size",
+}
+
+
 def available(geo: ConvGeometry) -> Tuple[str, ...]:
     """The lowerings that can compute ``geo`` (on every Keras backend): the three types and
-    ``"native"`` always, ``"winograd"`` for 3x3 kernels at stride 1 without dilation."""
+    ``"native"`` always, ``"winograd"`` and ``"space_to_depth"`` where :data:`NEEDS` says."""
+    from keras_cct.lowering.space_to_depth import space_to_depth_applies
     from keras_cct.lowering.winograd import winograd_applies
-    return tuple(c for c in ALL_LOWERINGS if c != "winograd" or winograd_applies(geo))
+    applies = {"winograd": winograd_applies, "space_to_depth": space_to_depth_applies}
+    return tuple(c for c in ALL_LOWERINGS if c not in applies or applies[c](geo))
 
 
 def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32",
@@ -146,7 +157,7 @@ def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, pad
         batch: batch size to rank for when ``input_shape`` has none (default 32).
 
     Returns:
-        One of ``"type1"``, ``"type2"``, ``"type3"``, ``"native"``, ``"winograd"``.
+        One of :data:`ALL_LOWERINGS`.
     """
     geo = conv_geometry(input_shape, kernel_shape, strides=strides, padding=padding,
                         dilation_rate=dilation_rate, groups=groups)
