@@ -7,7 +7,8 @@ Three modes:
   fastest form), the cost model's best lowered type and, where they apply, ``"winograd"`` and
   ``"space_to_depth"`` (:data:`NEEDS`) -- is
   timed once for the exact shape, backend, dtype and machine (forward+backward at up to
-  :data:`AUTO_BATCH` images, two repeats), and the winner is cached on disk, so the first use
+  :data:`AUTO_BATCH` images, :func:`auto_batch`; two repeats), and the winner is cached on
+  disk, so the first use
   of a shape costs about a second at most and later ones nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
   several).
@@ -39,9 +40,11 @@ ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd", "space_to_depth")
 PLANNER_MODES = ("auto", "model", "measure")
 CACHE_VERSION = 3  # 3: steps fetch the forward; "auto" mode; native per backend; winograd
 
-#: ``mode="auto"`` times candidates at no more than this many images (time grows with the
-#: batch, the ranking hardly does), to keep the first use of a shape near a second.
+#: ``mode="auto"`` times candidates at no more than this many images, and no more than
+#: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
+#: ranking hardly does), to keep the first use of a shape near a second.
 AUTO_BATCH = 16
+AUTO_FLOPS_PER_CALL = 6e9
 #: Forward flops under which ``mode="auto"`` picks ``"native"`` without timing: at a few
 #: hundred GFLOP/s such a convolution takes well under a millisecond, where the op count of a
 #: lowering (pad, gather, GEMM, reshape, lifting) dominates.
@@ -129,7 +132,13 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
         shortlist += (_model_choice(geo, lowered, b, training, machine),)
     if len(shortlist) == 1:
         return shortlist[0]
-    return _measured_choice(geo, shortlist, dtype, training, min(b, AUTO_BATCH), repeats=2)
+    return _measured_choice(geo, shortlist, dtype, training, auto_batch(geo, b), repeats=2)
+
+
+def auto_batch(geo: ConvGeometry, batch: int) -> int:
+    """Images ``mode="auto"`` times a shape at (see :data:`AUTO_BATCH`)."""
+    per_image = 3 * geo.flops(1)
+    return max(1, min(AUTO_BATCH, batch, int(AUTO_FLOPS_PER_CALL // per_image)))
 
 
 def _model_choice(geo, cands, batch, training, machine) -> str:

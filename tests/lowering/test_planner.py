@@ -119,3 +119,13 @@ def test_auto_mode_with_candidates_outside_the_available_ones(cache_dir):
                   candidates=["winograd"]) == "native"
     with pytest.raises(LoweringError, match="unknown lowerings"):
         choose((None, 9, 9, 4), (5, 5, 4, 4), mode="auto", candidates=["fft"])
+
+
+def test_auto_mode_times_large_layers_at_a_smaller_batch():
+    conv3 = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    assert planner.auto_batch(conv3, 32) == 6           # 0.9 GFLOP f+b per image
+    assert planner.auto_batch(conv3, 4) == 4            # never more than the real batch
+    vgg = conv_geometry((None, 224, 224, 64), (3, 3, 64, 64), padding=1)
+    assert planner.auto_batch(vgg, 32) == 1             # 11 GFLOP f+b per image
+    tiny = conv_geometry((None, 8, 8, 4), (3, 3, 4, 4), padding=1)
+    assert planner.auto_batch(tiny, 64) == planner.AUTO_BATCH
