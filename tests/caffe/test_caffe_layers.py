@@ -117,6 +117,49 @@ def test_pooling_matches_caffe(pool, hw, k, s, p, ceil):
     assert rel_err(y, ref) < 1e-6
 
 
+def caffe_pool_backward_ref(x, dy, pool, k, s, p):
+    """PoolingLayer::Backward_cpu (NCHW, float64): MAX to the first maximum of each window
+    (Caffe's mask), AVE spread over the window, divided by its size clipped to the padded image."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = k, s, p
+    dx = np.zeros_like(x)
+    for i in range(dy.shape[2]):
+        for j in range(dy.shape[3]):
+            hs, ws = i * sh - ph, j * sw - pw
+            if pool == "MAX":
+                he, we = min(hs + kh, h), min(ws + kw, w)
+                hs, ws = max(hs, 0), max(ws, 0)
+                win = x[:, :, hs:he, ws:we].reshape(n, c, -1)
+                first = np.argmax(win, axis=2)
+                for a in range(n):
+                    for b in range(c):
+                        r, q = divmod(int(first[a, b]), we - ws)
+                        dx[a, b, hs + r, ws + q] += dy[a, b, i, j]
+            else:
+                he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
+                size = (he - hs) * (we - ws)
+                hs, ws = max(hs, 0), max(ws, 0)
+                he, we = min(he, h), min(we, w)
+                dx[:, :, hs:he, ws:we] += dy[:, :, i:i + 1, j:j + 1] / size
+    return dx
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+@pytest.mark.parametrize("hw,k,s,p", [
+    ((7, 7), (3, 3), (2, 2), (0, 0)),    # CEIL overhang: a padded last row and column
+    ((9, 9), (3, 3), (2, 2), (0, 0)),    # exact fit (CaffeNet's pools): no pad, no slice
+    ((7, 8), (3, 3), (2, 2), (1, 1)),    # padding + the "starts inside" rule
+])
+def test_pooling_gradient_matches_caffe(pool, hw, k, s, p):
+    x = RNG.standard_normal((2, 3) + hw)
+    layer = cl.CaffePooling2D(pool, k, s, p)
+    ref = caffe_pool_ref(x, pool, k, s, p)
+    dy = RNG.standard_normal(ref.shape)
+    y, dx = _run_grad(layer, x, dy)
+    assert y.shape == ref.shape and rel_err(y, ref) < 1e-6
+    assert rel_err(dx, caffe_pool_backward_ref(x, dy, pool, k, s, p)) < 1e-6
+
+
 def test_global_pooling():
     x = RNG.standard_normal((2, 3, 5, 4))
     for pool in ("MAX", "AVE"):
