@@ -378,6 +378,20 @@ def machine_info() -> dict:
 
 # ------------------------------------------------------------------------------ report
 
+def _conv_dtypes(steps: Dict[str, Callable]) -> Dict[str, str]:
+    """The compute dtype of each Keras candidate's convolutions (bfloat16 under
+    mixed_bfloat16)."""
+    out = {}
+    for kind, step in steps.items():
+        model = getattr(step, "model", None)
+        if model is None:
+            continue
+        convs = [l for l in model.net._flatten_layers()
+                 if type(l).__name__ in ("HybridConv2D", "Conv2D")]
+        out[kind] = ",".join(sorted({str(l.compute_dtype) for l in convs}))
+    return out
+
+
 def summarize(times: Dict[str, List[float]], batch: int) -> Dict[str, dict]:
     out = {}
     for k, v in times.items():
@@ -521,6 +535,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="skip the CaffeNet per-layer-type profile")
     parser.add_argument("--profile-batch", dest="profile_batch", type=int,
                         help="batch of the profile (default: the first CaffeNet batch)")
+    parser.add_argument("--torch-threads", dest="torch_threads", type=int,
+                        help="PyTorch's intra-op threads (default: every core this process may "
+                             "use, as TensorFlow)")
     parser.add_argument("--out", type=Path, default=None,
                         help="results folder (default docs/benchmarks/)")
     args = parser.parse_args(argv)
@@ -542,7 +559,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rounds = args.rounds or (2 if args.quick else 5)
     cands = [c.strip() for c in args.candidates.split(",") if c.strip()]
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(threads)  # as TensorFlow: every core this process may use
+    torch.set_num_threads(args.torch_threads or threads)  # as TensorFlow: every core
     command = "python -m benchmarks.nets" + (" " + " ".join(argv if argv is not None
                                                            else sys.argv[1:])).rstrip()
     data = {"command": command, "when": time.strftime("%Y-%m-%d %H:%M %Z"), "rounds": rounds,
@@ -576,7 +593,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             times = measure(steps, rounds, warmup=0, progress=bar)
             res = {"net": Path(name).stem if name not in NETS else name, "batch": batch,
                    "size": shapes["data"][2], "dtype": dtype, "prototxt": str(path),
-                   "candidates": summarize(times, batch), "failed": failed}
+                   "candidates": summarize(times, batch), "failed": failed,
+                   "keras_conv_compute_dtype": _conv_dtypes(steps)}
             data["results"].append(res)
             c = res["candidates"]
             tb = max([c[k]["images_per_s"] for k in ("torch_nchw", "torch_cl") if k in c],
@@ -598,6 +616,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "layers": rows, "groups": profile_by_group(rows)}
     data["notes"].append("Keras' mixed_bfloat16 policy runs through `cct time`'s path "
                          "(load_net builds every layer under the global policy).")
+    data["notes"].append(
+        "Measure on a quiet machine: PyTorch's OpenMP threads spin at their barriers, so with "
+        "other processes on the cores a 2-thread PyTorch step can be several times slower than "
+        "a 1-thread one (seen: CaffeNet b8 1.5-3 s vs 0.4-0.5 s at load 6 on 2 cores), which "
+        "TensorFlow's thread pool does not suffer as much; `--torch-threads` sets the count.")
     out.mkdir(parents=True, exist_ok=True)
     (out / "nets.json").write_text(json.dumps(data, indent=1, default=str))
     (out / "nets.md").write_text(markdown(data))
