@@ -13,7 +13,8 @@ one GEMM: a batched GEMM ``(n*n, tiles, c) x (n*n, c, o)``. Here, in Caffe con T
   gives the n rows of every tile as n slices (no gather); ``B^T``'s few additions along the
   height turn them into n tensors, stacked on a leading axis, and the same again along the
   width, so the result is already ``(n*n, b*th*tw, c)``, the GEMM's batched data matrix;
-* **kernel transform** ``G g G^T`` (tiny): ``(3, 3, c, o) -> (n*n, c, o)``;
+* **kernel transform** ``G g G^T`` (tiny): ``(3, 3, c, o) -> (n*n, c, o)``, one small GEMM by
+  ``G (x) G``;
 * one batched GEMM per channel group;
 * **lifting** (output transform ``A^T m A``): additions along the height, then the width, and one
   interleave of the m*m results to ``(b, m*th, m*tw, o)``, cropped to the output size.
@@ -26,9 +27,14 @@ n x n tiles as padded additions) the input's. Every step is a handful of slices 
 written with ``keras.ops``, so it runs on TensorFlow (also under XLA), JAX and PyTorch, for any
 (also unknown) batch size, in the input's dtype (bfloat16 included).
 
-``tile=2`` is F(2x2, 3x3) (16 GEMMs' worth of 4 outputs per tile: 2.25x fewer multiplications
-than the direct convolution, transforms with only additions; relative error about 1e-6 in float32),
-``tile=4`` is F(4x4, 3x3) (36 for 16: 4x fewer, but larger transforms and about 10x the error).
+``tile=2`` is F(2x2, 3x3): 16 products per 4 outputs (2.25x fewer multiplications than the
+direct convolution), transforms of additions only; relative error about 5e-7 in float32 (the
+backend's direct convolution: about 2e-6) and 1e-2 in bfloat16. ``tile=4`` is F(4x4, 3x3):
+36 per 16 (4x fewer), larger transforms, relative error about 1e-5 in float32 but about 1e-1 in
+bfloat16: use ``tile=2`` for bfloat16. (Errors against a float64 convolution, CaffeNet's conv3.)
+
+On PyTorch (eager) the transforms write their results in place into a tile-major layout and the
+batched GEMMs are grouped 1x1 convolutions (see :func:`_torch_transforms`).
 """
 
 from __future__ import annotations
@@ -211,7 +217,8 @@ def _torch_transforms(geo: ConvGeometry, tile: int, th: int, tw: int, pads):
     same arithmetic, every result written in place into its final layout, and the data kept
     tile-major, ``(b, th, tw, n*n, c)``, which *is* a channels-last ``(b, n*n*c, th, tw)``
     image: the batched GEMMs are then grouped 1x1 convolutions (``groups = n*n``), which
-    PyTorch runs on oneDNN (measured 1.5-2x faster than its batched matmul here)."""
+    PyTorch runs on oneDNN (its batched matmul, MKL, measured about 1.1-1.3x slower
+    on an AMD EPYC)."""
     import torch
     import torch.nn.functional as F
     bt, _, at = _matrices(tile)

@@ -137,8 +137,9 @@ def test_bfloat16_keeps_dtype():
         assert ref.rel_err(got, want) < 3e-2
 
 
-def test_unknown_batch_tensorflow():
-    """TensorFlow traces with an unknown batch size: forward and gradients still work."""
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_unknown_batch_tensorflow(jit_compile):
+    """TensorFlow traces with an unknown batch size (also under XLA): forward and gradients."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("only TensorFlow traces with an unknown batch")
     import tensorflow as tf
@@ -146,7 +147,8 @@ def test_unknown_batch_tensorflow():
 
     @tf.function(input_signature=[tf.TensorSpec((None,) + x.shape[1:], tf.float64),
                                   tf.TensorSpec(k.shape, tf.float64),
-                                  tf.TensorSpec((None,) + dy.shape[1:], tf.float64)])
+                                  tf.TensorSpec((None,) + dy.shape[1:], tf.float64)],
+                 jit_compile=jit_compile)
     def step(a, b, d):
         with tf.GradientTape() as tape:
             tape.watch([a, b])
