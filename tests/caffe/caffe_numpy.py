@@ -1,5 +1,6 @@
 """Numpy float64 transcriptions of Caffe's solver code (sgd_solver.cpp, nesterov_solver.cpp,
-adagrad_solver.cpp, rmsprop_solver.cpp, adadelta_solver.cpp, adam_solver.cpp) for the tests.
+adagrad_solver.cpp, rmsprop_solver.cpp, adadelta_solver.cpp, adam_solver.cpp) and of its LRN
+layer's CPU loops (lrn_layer.cpp, ACROSS_CHANNELS forward and backward) for the tests.
 
 Written from Caffe's C++ source, sharing no code with keras_cct.
 """

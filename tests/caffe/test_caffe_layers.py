@@ -29,7 +29,8 @@ def _run_grad(layer, x_nchw, dy_nchw, *weights):
     ``weights`` (names of its variables), on Caffe-ordered arrays, with the backend's autodiff."""
     x = cl.from_caffe_layout(np.asarray(x_nchw, np.float32))
     dy = cl.from_caffe_layout(np.asarray(dy_nchw, np.float32))
-    layer.build(x.shape) if not layer.built else None
+    if not layer.built:
+        layer.build(x.shape)
     backend = keras.backend.backend()
     ws = [getattr(layer, name) for name in weights]
     if backend == "tensorflow":
