@@ -38,9 +38,10 @@ def spawn_config(module: str, spec: dict, *, env: Optional[Dict[str, str]] = Non
                  timeout: float = 1200, backend: str = "tensorflow",
                  on_line: Optional[Callable[[str], None]] = None,
                  log_path: Optional[Path] = None, entry: str = "run_config") -> dict:
-    """``module.run_config(spec)`` (or ``module.<entry>(spec)``) in a fresh Python process (TensorFlow fixes its thread pools
-    at start-up, and ``KERAS_BACKEND`` must be set before keras is imported, so each
-    configuration needs its own), on the Keras ``backend`` (default TensorFlow).
+    """``module.run_config(spec)`` (or ``module.<entry>(spec)``) in a fresh Python process
+    (TensorFlow fixes its thread pools at start-up, and ``KERAS_BACKEND`` must be set before
+    keras is imported, so each configuration needs its own), on the Keras ``backend`` (default
+    TensorFlow).
 
     ``on_line`` is called with each line the process prints (other than the result), as it
     prints it (a progress bar); its standard error goes to ``log_path`` when given.
@@ -197,7 +198,7 @@ def matmul_step(library: str, dtype: str = "float32", n: int = 2048):
         import tensorflow as tf
         a, b = (tf.cast(tf.constant(v), dtype) for v in (a_np, b_np))
         fn = tf.function(lambda a, b: tf.matmul(a, b))
-        step = lambda: fn(a, b)[0, 0].numpy()  # noqa: E731
+        step = lambda: fn(a, b)  # noqa: E731 -- eager on CPU: done when it returns
     elif library == "jax":
         import jax
         import jax.numpy as jnp

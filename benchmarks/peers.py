@@ -22,9 +22,10 @@ import numpy as np
 LOWERINGS = ("type1", "type2", "type3", "native", "winograd")
 #: Peers: what a user would run instead of keras_cct.
 PEERS = ("keras_conv2d", "keras_split", "keras_depthwise", "torch_nchw", "torch_cl")
-#: Above this many groups the lowered types (a Python loop over groups, one GEMM each) and the
-#: Keras split form (one Conv2D per group) are not run: nobody would write them.
-MAX_LOOP_GROUPS = 64
+#: Above this many groups the lowered types and Winograd (a Python loop over groups: one GEMM
+#: each; Winograd on MobileNet's 1024-group layer took 12 minutes to trace) and the Keras split
+#: form (one Conv2D per group) are not run: nobody would write them.
+MAX_LOOP_GROUPS = 32
 
 
 class Skip(Exception):
@@ -51,11 +52,11 @@ def applies(name: str, shp: dict, batch: int) -> Optional[str]:
     if low == "winograd" and (tuple(shp["k"]) != (3, 3) or tuple(shp["s"]) != (1, 1)
                               or tuple(shp["d"]) != (1, 1)):
         return "winograd: 3x3 stride 1 only"
-    if low in ("type1", "type2", "type3"):
+    if low in ("type1", "type2", "type3", "winograd"):
         if g > MAX_LOOP_GROUPS:
             return f"{g} groups: a Python loop of {g} GEMMs (not run)"
         from keras_cct.lowering.planner import fits_in_memory
-        if not fits_in_memory(geometry(shp, batch), low, batch):
+        if low != "winograd" and not fits_in_memory(geometry(shp, batch), low, batch):
             return "temporaries exceed the memory budget (keras_cct.lowering.planner)"
     if name == "keras_split":
         if g == 1:

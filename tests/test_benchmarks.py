@@ -261,6 +261,7 @@ def test_convs_tiny_in_process(tmp_path, monkeypatch):
             "machine": {"cpu": cpu_info(), "versions": library_versions()},
             "runs": [run], "failures": [], "flag_above": "gemm"}
     data["summary"] = convs.summarize([run])
+    data["summary_above_gemm_kept"] = convs.summarize([run], loose=True)
     assert data["summary"]["tensorflow float32"]["layers"] == 2
     md = convs.markdown(data)
     assert "## tiny, tensorflow, float32" in md and "GEMM ceiling" in md
@@ -305,6 +306,9 @@ def test_convs_flags_and_ratios():
     assert "measuring_error" not in b["candidates"]["torch_nchw"]
     assert "peak" in b["candidates"]["hybrid"]["measuring_error"]
     assert convs.ratios(b)["vs_conv2d"] is None
+    convs.flag([a], ceiling=120.0, peak=1000.0, dtype="float32", policy="gemm")
+    loose = convs.ratios(a, loose=True)  # torch_nchw's 150 GFLOP/s kept: below the peak
+    assert loose["best_peer"] == "torch_nchw" and math.isclose(loose["vs_best_peer"], 1.5)
 
 
 def test_convs_cli_rejects_unknown_backend():
