@@ -89,8 +89,8 @@ def spawn_config(module: str, spec: dict, *, env: Optional[Dict[str, str]] = Non
         if result is not None:
             return result
         err.seek(0)
-        tail = (err.read().strip() or "\n".join(lines).strip()).splitlines()[-1:] or \
-            ["no output"]
+        text = (err.read().strip() or "\n".join(lines).strip()).splitlines()
+        tail = [ln for ln in text if "Error" in ln][-1:] or text[-1:] or ["no output"]
     why = "timed out" if time.monotonic() >= deadline else f"exit code {proc.returncode}"
     raise RuntimeError(f"{module} configuration {spec if len(str(spec)) < 300 else '...'} "
                        f"failed ({why}): {tail[0][:300]}")
