@@ -79,6 +79,11 @@ PEER_SET = ("keras_conv2d", "keras_split", "keras_depthwise", "torch_nchw", "tor
 #: A candidate whose best time is above max(SLOW_S, SLOW_FACTOR x the fastest) after a round
 #: is not timed in further rounds (its "rounds" says how many it got).
 SLOW_S, SLOW_FACTOR = 5.0, 10.0
+#: Idle seconds (not counted) before every timed call: the previous call's thread pools stop
+#: spinning, so that an idle pool does not slow the next candidate down (PyTorch's convolutions
+#: in the TensorFlow process measured up to 40x slower without it: 119 ms instead of 2.9 ms on
+#: a ResNet-50 1x1 convolution; a pause only where the library changes was not enough).
+SETTLE_S = float(os.environ.get("CCT_CONVS_SETTLE_S", "0.02"))
 
 
 # ------------------------------------------------------------------------------ layer shapes
@@ -163,6 +168,11 @@ def gemm_probe(key: str):
     return probe
 
 
+def _settle(last_lib: Optional[str], lib: str) -> str:
+    time.sleep(SETTLE_S)
+    return lib
+
+
 def _why(exc: BaseException) -> str:
     """One line saying why a candidate failed (TensorFlow puts the cause on the last lines of
     its 'in user code:' traceback)."""
@@ -203,13 +213,16 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
             entry["error"] = _why(exc)
     best = {name: math.inf for name in steps}
     rounds = {name: 0 for name in steps}
+    last_lib = None
     names = list(steps)
     for rnd in range(repeats):
         order = names[rnd % len(names):] + names[:rnd % len(names)] if names else []
         for key, probe in (probes or {}).items():
+            last_lib = _settle(last_lib, key.split()[0])
             ceilings[key] = max(ceilings[key], probe())
         for name in order:
             try:
+                last_lib = _settle(last_lib, "torch" if name.startswith("torch_") else backend)
                 t0 = time.perf_counter()
                 steps[name]()
                 best[name] = min(best[name], time.perf_counter() - t0)
