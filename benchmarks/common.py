@@ -226,6 +226,18 @@ def matmul_ceiling(library: str, dtype: str = "float32", n: int = 2048,
     return flop / best_of(step, repeats) / 1e9
 
 
+def machine() -> Dict[str, object]:
+    """What the numbers were measured on."""
+    import keras
+    from keras_cct.lowering.planner import _cpu_name
+    info = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "keras": keras.__version__, "backend": keras.backend.backend()}
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+        info["tensorflow"] = tf.__version__
+    return info
+
+
 def markdown_table(header: Sequence[str], rows: List[Sequence[object]]) -> str:
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)
