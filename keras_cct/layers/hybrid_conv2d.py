@@ -28,8 +28,9 @@ class HybridConv2D(keras.layers.Layer):
         padding: ``"valid"``, ``"same"``, or explicit zero padding as in Caffe: an int,
             ``(pad_h, pad_w)``, or ``((top, bottom), (left, right))``.
         lowering: ``"auto"`` (chosen per input shape by the planner), ``"type1"`` (im2col),
-            ``"type2"``, ``"type3"`` (1x1 GEMM + shift-and-add lifting), ``"winograd"``
-            (F(2x2, 3x3) for 3x3 kernels at stride 1), ``"space_to_depth"`` (a strided
+            ``"type2"``, ``"type3"`` (1x1 GEMM + shift-and-add lifting), ``"winograd"`` /
+            ``"winograd4"`` (F(2x2, 3x3) / F(4x4, 3x3) for 3x3 kernels at stride 1; the latter
+            not picked by the planner in 16-bit floats), ``"space_to_depth"`` (a strided
             convolution as a stride-1 one on rearranged input, for first layers) or
             ``"native"`` (the backend's own convolution in its fastest form: see
             :mod:`keras_cct.lowering.native`).

@@ -35,8 +35,8 @@ def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str):
                 f"lowering {lowering!r} needs {NEEDS[lowering]}; got kernel ({geo.kh}, "
                 f"{geo.kw}), strides ({geo.sh}, {geo.sw}), dilation ({geo.dh}, {geo.dw}), "
                 f"groups {geo.groups}. Use 'auto' or one of {available(geo)}")
-        if lowering == "winograd":
-            return winograd_conv2d(x, kernel, geo)
+        if lowering in ("winograd", "winograd4"):
+            return winograd_conv2d(x, kernel, geo, tile=2 if lowering == "winograd" else 4)
         return space_to_depth_conv2d(x, kernel, geo)
     raise LoweringError(f"`lowering` must be one of {ALL_LOWERINGS} here, got {lowering!r}")
 
@@ -53,7 +53,8 @@ def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", di
         padding: ``"valid"``, ``"same"``, an int, ``(pad_h, pad_w)`` or
             ``((top, bottom), (left, right))``.
         groups: channel groups (``channels`` and ``filters`` must be multiples of it).
-        lowering: ``"type1"``, ``"type2"``, ``"type3"``, ``"winograd"`` (3x3, stride 1),
+        lowering: ``"type1"``, ``"type2"``, ``"type3"``, ``"winograd"`` / ``"winograd4"``
+            (F(2x2, 3x3) / F(4x4, 3x3): 3x3, stride 1),
             ``"space_to_depth"`` (strided, e.g. a first layer), ``"native"`` (the backend's own
             convolution) or ``"auto"`` (chosen by :func:`keras_cct.lowering.choose`).
         planner: the ``mode`` :func:`~keras_cct.lowering.choose` uses for ``"auto"``.

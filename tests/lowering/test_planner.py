@@ -50,7 +50,8 @@ def cache_dir(tmp_path, monkeypatch):
 
 def test_measure_mode_times_each_candidate_once_and_caches(cache_dir, monkeypatch):
     timed = []
-    fake = {"type1": 3.0, "type2": 1.0, "type3": 2.0, "native": 4.0, "winograd": 5.0}
+    fake = {"type1": 3.0, "type2": 1.0, "type3": 2.0, "native": 4.0, "winograd": 5.0,
+            "winograd4": 6.0}
 
     def fake_time(geo, lowering, **kw):
         timed.append(lowering)
@@ -61,13 +62,13 @@ def test_measure_mode_times_each_candidate_once_and_caches(cache_dir, monkeypatc
     assert choose(*args, mode="measure") == "type2"
     assert sorted(timed) == sorted(fake)
     assert choose(*args, mode="measure") == "type2"
-    assert len(timed) == 5                               # served from the disk cache
+    assert len(timed) == 6                               # served from the disk cache
     data = json.loads((cache_dir / "planner.json").read_text())
     (entry,) = data["entries"].values()
     assert entry["choice"] == "type2"
     # A different shape is a different key.
     choose((None, 10, 9, 4), (3, 3, 4, 4), mode="measure")
-    assert len(timed) == 10
+    assert len(timed) == 12
 
 
 def test_corrupt_or_stale_cache_is_ignored(cache_dir, monkeypatch):
@@ -104,13 +105,16 @@ def test_planner_never_returns_a_lowering_unavailable_for_the_shape(cache_dir, m
                                                                      mode):
     # Whatever the timings say, Winograd is not offered for 5x5, strided or dilated kernels.
     monkeypatch.setattr(planner, "time_lowering",
-                        lambda geo, low, **kw: 0.0 if low == "winograd" else 1.0)
+                        lambda geo, low, **kw: 0.0 if low.startswith("winograd") else 1.0)
     for kernel, kw in (((5, 5, 64, 64), {}), ((3, 3, 64, 64), {"strides": 2}),
                        ((3, 3, 64, 64), {"dilation_rate": 2})):
         geo = conv_geometry((32, 27, 27, 64), kernel, padding=2, **kw)
-        assert "winograd" not in planner.available(geo)
-        assert choose((32, 27, 27, 64), kernel, padding=2, mode=mode, **kw) != "winograd"
-    assert choose((32, 27, 27, 64), (3, 3, 64, 64), padding=1, mode=mode) == "winograd"
+        assert not {"winograd", "winograd4"} & set(planner.available(geo))
+        assert not choose((32, 27, 27, 64), kernel, padding=2, mode=mode,
+                          **kw).startswith("winograd")
+    assert choose((32, 27, 27, 64), (3, 3, 64, 64), padding=1, mode=mode).startswith("winograd")
+    assert choose((32, 27, 27, 64), (3, 3, 64, 64), padding=1, mode=mode,
+                  dtype="bfloat16") == "winograd"
 
 
 def test_auto_mode_with_candidates_outside_the_available_ones(cache_dir):
