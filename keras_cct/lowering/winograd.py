@@ -81,10 +81,6 @@ _MATRICES = {
 
 TILES = tuple(sorted(_MATRICES))
 
-#: PyTorch's batched GEMMs: "conv" (grouped 1x1 convolutions, oneDNN) or "bmm" (MKL).
-TORCH_GEMM = "conv"
-
-
 def winograd_applies(geo: ConvGeometry) -> bool:
     """Whether :func:`winograd_conv2d` computes this convolution: 3x3, stride 1, dilation 1."""
     return (geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw) == (3, 3, 1, 1, 1, 1)
@@ -287,18 +283,11 @@ def _torch_transforms(geo: ConvGeometry, tile: int, th: int, tw: int, pads):
         _apply([cols[:, :, :, i] for i in range(m)], at.T, list(dm.permute(3, 4, 0, 1, 2, 5)))
         return dm
 
-    def untiled(t, b):  # (nn, b*th*tw, c) as a (b, th, tw, n, n, c) view
-        return t.reshape(n, n, b, th, tw, -1).permute(2, 3, 4, 0, 1, 5)
-
     def gemm(v, u):  # V (b, th, tw, n, n, c) times U (nn, c, o), per tile position
-        if TORCH_GEMM == "bmm":
-            return untiled(torch.bmm(rows_of(v), u), v.shape[0])
         w = u.permute(0, 2, 1).reshape(-1, u.shape[1], 1, 1)
         return tiled(F.conv2d(image(v), w, groups=nn))
 
     def gemm_dv(dm, u):  # dM U^T
-        if TORCH_GEMM == "bmm":
-            return untiled(torch.bmm(rows_of(dm), u.transpose(1, 2)), dm.shape[0])
         return tiled(F.conv2d(image(dm), u.reshape(-1, u.shape[2], 1, 1), groups=nn))
 
     def gemm_du(v, dm):  # V^T dM: (nn, c, o)
