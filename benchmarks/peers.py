@@ -18,8 +18,9 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-#: HybridConv2D's explicit lowerings measured beside the default (winograd: 3x3 stride 1 only).
-LOWERINGS = ("type1", "type2", "type3", "native", "winograd")
+#: HybridConv2D's explicit lowerings measured beside the default (winograd F(2x2,3x3) and
+#: winograd4 F(4x4,3x3): 3x3 stride 1 only; skipped with the reason where not wired in).
+LOWERINGS = ("type1", "type2", "type3", "native", "winograd", "winograd4")
 #: Peers: what a user would run instead of keras_cct.
 PEERS = ("keras_conv2d", "keras_split", "keras_depthwise", "torch_nchw", "torch_cl")
 #: Above this many groups the lowered types and Winograd (a Python loop over groups: one GEMM
@@ -49,14 +50,14 @@ def applies(name: str, shp: dict, batch: int) -> Optional[str]:
     """None if candidate ``name`` is run on ``shp``, else why not."""
     g = shp["g"]
     low = name[len("hybrid_"):] if name.startswith("hybrid_") else None
-    if low == "winograd" and (tuple(shp["k"]) != (3, 3) or tuple(shp["s"]) != (1, 1)
+    if low in ("winograd", "winograd4") and (tuple(shp["k"]) != (3, 3) or tuple(shp["s"]) != (1, 1)
                               or tuple(shp["d"]) != (1, 1)):
         return "winograd: 3x3 stride 1 only"
-    if low in ("type1", "type2", "type3", "winograd"):
+    if low in ("type1", "type2", "type3", "winograd", "winograd4"):
         if g > MAX_LOOP_GROUPS:
             return f"{g} groups: a Python loop of {g} GEMMs (not run)"
         from keras_cct.lowering.planner import fits_in_memory
-        if low != "winograd" and not fits_in_memory(geometry(shp, batch), low, batch):
+        if not low.startswith("winograd") and not fits_in_memory(geometry(shp, batch), low, batch):
             return "temporaries exceed the memory budget (keras_cct.lowering.planner)"
     if name == "keras_split":
         if g == 1:

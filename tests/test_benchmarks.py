@@ -232,7 +232,7 @@ def _check_convs_run(run, backend, dtype):
         cands = layer["candidates"]
         assert set(cands) == set(peers.candidate_names(layer["shape"]))
         for name, e in cands.items():
-            if name == "hybrid_winograd" and "error" in e:
+            if name.startswith("hybrid_winograd") and "error" in e:
                 continue  # the lowering may not be wired into HybridConv2D yet
             assert "error" not in e, (name, e)
             assert ("ms" in e) != ("skipped" in e), (name, e)
