@@ -36,6 +36,7 @@ from keras_cct._files import atomic_write
 from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering.cost import LOWERED_TYPES, Machine, cost, estimate_seconds
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
+from keras_cct.lowering.native import MAX_SPLIT_GROUPS
 
 ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd", "winograd4", "space_to_depth")
 PLANNER_MODES = ("auto", "model", "measure")
@@ -46,7 +47,9 @@ CACHE_VERSION = 3  # 3: steps fetch the forward; "auto" mode; native per backend
 #: ranking hardly does), to keep the first use of a shape near a second.
 AUTO_BATCH = 16
 AUTO_FLOPS_PER_CALL = 6e9
-#: Forward flops under which ``mode="auto"`` picks ``"native"`` without timing: at a few
+#: Forward flops under which ``mode="auto"`` picks ``"native"`` without timing (it does the
+#: same for more than :data:`~keras_cct.lowering.native.MAX_SPLIT_GROUPS` groups, depthwise
+#: layers included: the lowerings run one GEMM per group, the backend one grouped op): at a few
 #: hundred GFLOP/s such a convolution takes well under a millisecond, where the op count of a
 #: lowering (pad, gather, GEMM, reshape, lifting) dominates.
 AUTO_MIN_FLOPS = 100e6
@@ -133,7 +136,7 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
         usable = tuple(c for c in candidates if c in usable) or ("native",)
     if mode == "measure":
         return _measured_choice(geo, usable, dtype, training, b)
-    if geo.flops(b) < AUTO_MIN_FLOPS:
+    if geo.flops(b) < AUTO_MIN_FLOPS or geo.groups > MAX_SPLIT_GROUPS:
         return "native" if "native" in usable else usable[0]
     lowered = tuple(c for c in usable if c in LOWERED_TYPES and fits_in_memory(geo, c, b))
     shortlist = tuple(c for c in usable if c not in LOWERED_TYPES)

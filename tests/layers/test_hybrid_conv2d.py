@@ -179,6 +179,9 @@ def test_default_planner_times_native_against_the_lowerings(tmp_path, monkeypatc
     layer.build((None, 13, 13, 64))  # F(4x4, 3x3) is not accurate enough in bfloat16
     assert sorted(t for t, _ in timed) == ["native", "type1", "winograd"]
     timed.clear()
+    layer = HybridConv2D(512, 3, padding=1, groups=512)  # depthwise: one grouped op
+    layer.build((None, 28, 28, 512))
+    assert timed == [] and layer.chosen_lowering == "native"
     layer = HybridConv2D(4, 3, padding=1)  # too small to be worth timing: the backend's op
     layer.build((None, 8, 8, 2))
     assert timed == [] and layer.chosen_lowering == "native"
