@@ -364,7 +364,7 @@ class CCTStrategy:
         collected; so the devices overlap whatever the host's thread scheduling.
         """
         import tensorflow as tf
-        from keras_cct.lowering import _backend, conv2d_geo
+        from keras_cct.lowering import _backend
         plan = self._plan(layer, geo, lowering)
         kernel = _backend.as_tensor(kernel)
         b = [] if bias is None else [_backend.as_tensor(bias)]
@@ -379,22 +379,24 @@ class CCTStrategy:
             saved: Dict[int, tuple] = {}  # tied: device -> (its conv's input, its output)
 
             def tf_forward(i, xi):
-                yi = conv2d_geo(xi, kernel, geo, lowering)
+                yi = _shard_conv(xi, kernel, geo, lowering)
                 saved[i] = (xi, yi)
                 return [yi if bias is None else yi + bias]
 
             def tf_backward(i, xi, dyi):
                 if tied:  # the forward's own gradient: its lowered data is reused
                     xf, yf = saved[i]
-                    grads = tf.gradients(yf, ([xf] if need_dx else []) + [kernel],
-                                         grad_ys=dyi)
+                    sources = ([xf] if need_dx else []) + [kernel]
+                    grads = tf.gradients(yf, sources, grad_ys=dyi)
                 else:
+                    sources = ([xi] if need_dx else []) + [kernel]
                     with tf.GradientTape() as tape:
                         tape.watch([xi, kernel])
-                        yi = conv2d_geo(xi, kernel, geo, lowering)
-                    grads = tape.gradient(yi, ([xi] if need_dx else []) + [kernel],
-                                          output_gradients=dyi)
-                return list(grads) + ([tf.reduce_sum(dyi, axis=(0, 1, 2))] if b else [])
+                        yi = _shard_conv(xi, kernel, geo, lowering)
+                    grads = tape.gradient(yi, sources, output_gradients=dyi)
+                # an empty shard's convolution (see _shard_conv) has no path to its sources
+                grads = [tf.zeros_like(s) if g is None else g for g, s in zip(grads, sources)]
+                return grads + ([tf.reduce_sum(dyi, axis=(0, 1, 2))] if b else [])
 
             def join_backward(parts):
                 sums = [tf.add_n(p) for p in parts[1 if need_dx else 0:]]
@@ -468,6 +470,18 @@ class CCTStrategy:
         for i, shard in launched.items():
             outs[i] = shard.collect()
         return join([list(parts) for parts in zip(*outs)]), sizes
+
+
+def _shard_conv(xi, kernel, geo, lowering: str):
+    """The convolution of one TF shard, which may hold no image: TensorFlow's oneDNN
+    convolution answers an empty batch with a tensor of its *input's* shape (and its gradient
+    then fails), so the lowerings that run it get an empty output of the right shape there."""
+    import tensorflow as tf
+    from keras_cct.lowering import conv2d_geo
+    if lowering not in ("native", "space_to_depth"):
+        return conv2d_geo(xi, kernel, geo, lowering)
+    return tf.cond(tf.shape(xi)[0] > 0, lambda: conv2d_geo(xi, kernel, geo, lowering),
+                   lambda: tf.zeros((0, geo.out_h, geo.out_w, geo.filters), xi.dtype))
 
 
 def _records_gradient(x) -> bool:
