@@ -352,15 +352,16 @@ def ratios(layer: dict, loose: bool = False) -> dict:
     out = {"vs_conv2d": None, "vs_best_peer": None, "best_peer": best_peer(c, loose)}
     if valid(h, loose):
         if valid(c.get("keras_conv2d", {}), loose):
-            out["vs_conv2d"] = h["ms"] / c["keras_conv2d"]["ms"]
+            out["vs_conv2d"] = c["keras_conv2d"]["ms"] / h["ms"]  # speed-up: > 1 faster
         if out["best_peer"]:
-            out["vs_best_peer"] = h["ms"] / c[out["best_peer"]]["ms"]
+            out["vs_best_peer"] = c[out["best_peer"]]["ms"] / h["ms"]
     return out
 
 
 def summarize(results: List[dict], loose: bool = False) -> dict:
-    """Per (backend, dtype): min / max / count-weighted ratios, layers under 0.97x Conv2D and
-    under 1.0x the best peer; and the same for TensorFlow CaffeNet float32."""
+    """Per (backend, dtype): min / max speed-ups of the default HybridConv2D, the layers where
+    it is below 0.97x keras Conv2D's speed and below 1.0x the best peer's (the issue's
+    acceptance); and the same for TensorFlow CaffeNet."""
     groups: Dict[str, dict] = {}
     for run in results:
         key = f"{run['backend']} {run['dtype']}"
@@ -435,9 +436,10 @@ def markdown(data: dict) -> str:
         f"{cpu['matrix_units']} (flags: {', '.join(cpu['isa_flags'])}). Libraries: "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
         "Times: one training step (forward + backward, output fetched), best of the rounds, "
-        "all candidates of a shape timed round-robin in one process. Ratios: default "
-        "HybridConv2D time / keras Conv2D's, and / the best peer's (fastest of keras_conv2d, "
-        "keras_split, keras_depthwise, torch_nchw, torch_cl); below 1 = keras_cct faster. "
+        "all candidates of a shape timed round-robin in one process. Speed-ups: keras "
+        "Conv2D's time / the default HybridConv2D's, and the best peer's (fastest of "
+        "keras_conv2d, keras_split, keras_depthwise, torch_nchw, torch_cl) / the default's; "
+        "above 1 = keras_cct faster. "
         "~~struck~~ (>GEMM or >peak): faster than the GEMM ceiling or the CPU's peak, "
         "a measuring error, left out of the ratios (see the ceilings below). err: failed "
         "(listed under the table). -: not applicable.", "",
@@ -473,16 +475,16 @@ def _summary_md(summary: dict) -> List[str]:
                      f"{s['under_1_best_peer']}/{s['compared_best_peer']}",
                      s["measuring_errors"], s["errors"]])
     lines.append(markdown_table(
-        ["backend dtype", "shapes", "hybrid / Conv2D (min-max)", "under 0.97x Conv2D",
-         "hybrid / best peer (min-max)", "under 1.0x best peer", "measuring errors",
+        ["backend dtype", "shapes", "speed-up vs Conv2D (min-max)", "below 0.97x Conv2D",
+         "speed-up vs best peer (min-max)", "below 1.0x best peer", "measuring errors",
          "failed runs"], rows))
     for key, s in summary.items():
         if key.startswith("tensorflow caffenet"):
             lines.append(f"**TensorFlow CaffeNet {key.split()[-1]}**: "
-                         f"{s['under_097_conv2d']} of {s['layers']} layers under 0.97x keras "
-                         f"Conv2D, {s['under_1_best_peer']} under 1.0x the best peer "
-                         f"(hybrid / Conv2D: {', '.join(_r(v) for v in s['vs_conv2d'])}; "
-                         f"/ best peer: {', '.join(_r(v) for v in s['vs_best_peer'])}).\n")
+                         f"{s['under_097_conv2d']} of {s['layers']} layers below 0.97x keras "
+                         f"Conv2D's speed, {s['under_1_best_peer']} below 1.0x the best peer's "
+                         f"(speed-up vs Conv2D: {', '.join(_r(v) for v in s['vs_conv2d'])}; "
+                         f"vs best peer: {', '.join(_r(v) for v in s['vs_best_peer'])}).\n")
     return lines
 
 
@@ -546,7 +548,7 @@ def _tables_md(data: dict, lines: List[str]) -> str:
         lines.append(markdown_table(
             ["layers", "n", "shape", "f+b GFLOP", "default's pick", "plan ms"]
             + [n.replace("hybrid_", "") for n in cand_cols]
-            + ["best peer", "hybrid / Conv2D", "hybrid / best peer"], rows))
+            + ["best peer", "speed-up vs Conv2D", "speed-up vs best peer"], rows))
         if notes:
             lines += notes + [""]
         if skipped:
@@ -575,11 +577,11 @@ def plot(data: dict, path: Path) -> None:
         nan = float("nan")
         a = [rt["vs_conv2d"] if rt["vs_conv2d"] is not None else nan for _, rt in items]
         b = [rt["vs_best_peer"] if rt["vs_best_peer"] is not None else nan for _, rt in items]
-        # bars from 1.0: up = keras_cct slower, down = faster
+        # bars from 1.0: up = keras_cct faster, down = slower
         ax.bar(xs - 0.2, [v - 1 for v in a], 0.4, bottom=1.0,
-               label="default hybrid / keras Conv2D")
+               label="speed-up of the default over keras Conv2D")
         ax.bar(xs + 0.2, [v - 1 for v in b], 0.4, bottom=1.0,
-               label="default hybrid / best peer")
+               label="speed-up of the default over the best peer")
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_yscale("log")
         vals = [v for v in a + b if v == v]
@@ -587,7 +589,7 @@ def plot(data: dict, path: Path) -> None:
         ax.set_xlim(-0.6, len(items) - 0.4)
         ax.set_title(key, fontsize=9)
         ax.set_xticks(xs, [label for label, _ in items], rotation=90, fontsize=6)
-        ax.set_ylabel("time ratio (<1: faster)", fontsize=8)
+        ax.set_ylabel("speed-up (>1: keras_cct faster)", fontsize=8)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
