@@ -140,14 +140,14 @@ def _convs(d: dict) -> str:
     parts = []
     for key in ("tensorflow caffenet float32", "tensorflow caffenet bfloat16"):
         if key in s:
-            parts.append(f"TF CaffeNet {key.split()[-1]}: {s[key]['under_097_conv2d']}/"
-                         f"{s[key]['layers']} layers under 0.97x keras Conv2D, "
-                         f"{s[key]['under_1_best_peer']}/{s[key]['layers']} under 1.0x the best "
-                         "peer")
-    mins = [f"{k} {v['min_vs_best_peer']:.2f}" for k, v in s.items()
-            if v.get("min_vs_best_peer") is not None]
+            parts.append(f"TF CaffeNet {key.split()[-1]}: default HybridConv2D below 0.97x "
+                         f"keras Conv2D's speed on {s[key]['under_097_conv2d']}/"
+                         f"{s[key]['layers']} layers, below 1.0x the best peer's on "
+                         f"{s[key]['under_1_best_peer']}/{s[key]['layers']}")
+    mins = [f"{k} {v['min_vs_conv2d']:.2f}" for k, v in s.items()
+            if v.get("min_vs_conv2d") is not None]
     if mins:
-        parts.append("min default hybrid / best peer: " + ", ".join(mins))
+        parts.append("lowest speed-up vs keras Conv2D over all nets: " + ", ".join(mins))
     return "; ".join(parts) or "no complete result"
 
 
