@@ -322,12 +322,13 @@ def _check_source_batches(args: argparse.Namespace, shapes: dict) -> None:
     building)."""
     if args.random_data or not shapes:
         return
+    from keras_cct.caffe.builder import DATA_TYPES
     from keras_cct.caffe.data import _layer_batch
     from keras_cct.caffe.prototxt import filter_net, read_net
     fp = filter_net(read_net(args.model), phase=args.phase, stages=list(args.stage or ()))
     for lp in fp.layer:
-        if lp.type in ("Data", "ImageData", "HDF5Data", "MemoryData"):
-            bs = _layer_batch(lp)
+        if lp.type in DATA_TYPES:
+            bs = _layer_batch(lp)  # 0 for the layers that read no source
             for top in lp.top:
                 if top in shapes and bs and shapes[top][0] != bs:
                     raise KerasCCTError(

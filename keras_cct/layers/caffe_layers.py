@@ -24,6 +24,7 @@ converts blob layouts (see ``keras_cct.caffe.weights``). All layers are register
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import List, Optional, Sequence, Tuple
 
@@ -276,10 +277,16 @@ def _channel_band(c: int, n: int, scale: float, dtype):
     """The (c, c) matrix ``B`` with ``(t @ B)[j] = scale * sum(t[j - pre .. j + n - 1 - pre])``,
     clipped at the edges: the window sum over channels of ACROSS_CHANNELS LRN as one matmul
     (symmetric for odd ``n``)."""
+    return ops.convert_to_tensor(_channel_band_array(c, n, scale), dtype=dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _channel_band_array(c: int, n: int, scale: float) -> np.ndarray:
+    """:func:`_channel_band`'s values, made once per layer shape (cached: not to be modified)."""
     pre = (n - 1) // 2
     d = np.arange(c)[None, :] - np.arange(c)[:, None]
     band = ((d >= -(n - 1 - pre)) & (d <= pre)).astype(np.float32) * np.float32(scale)
-    return ops.convert_to_tensor(band, dtype=dtype)
+    return band
 
 
 def _lrn_across_channels(x, n: int, alpha: float, beta: float, k: float):

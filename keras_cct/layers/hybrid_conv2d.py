@@ -12,7 +12,7 @@ from keras_cct.errors import LoweringError
 from keras_cct.lowering import check_lowering, choose_for, conv2d_geo, conv_geometry
 from keras_cct.lowering.geometry import (ConvGeometry, normalize_pair, normalize_padding,
                                          padding_to_config)
-from keras_cct.lowering.planner import NEEDS, PLANNER_MODES, available
+from keras_cct.lowering.planner import PLANNER_MODES, check_available
 from keras_cct.strategy import context as strategy_context
 
 
@@ -35,8 +35,8 @@ class HybridConv2D(keras.layers.Layer):
             ``"native"`` (the backend's own convolution in its fastest form: see
             :mod:`keras_cct.lowering.native`).
         planner: how ``"auto"`` chooses: ``"auto"`` (the default: the backend's own convolution
-            against the cost model's best lowering and Winograd, timed once per shape and
-            cached on disk; never the slower choice), ``"model"`` (CcT's rule through the cost
+            against the cost model's best lowering, Winograd and space-to-depth, timed once per
+            shape and cached on disk; the fastest of them as timed), ``"model"`` (CcT's rule through the cost
             model, nothing timed) or ``"measure"`` (time every lowering once for this shape).
         device: ``None`` (compute with the current Keras backend's device) or an OpenCL device
             name such as ``"opencl:0:0"`` (see :func:`keras_cct.devices.list_devices`).
@@ -154,12 +154,11 @@ class HybridConv2D(keras.layers.Layer):
             lowering = self.lowering
             if lowering == "auto":
                 lowering = choose_for(geo, mode=self.planner, dtype=self.compute_dtype)
-            elif lowering not in available(geo):
-                raise ValueError(f"layer '{self.name}': lowering {lowering!r} needs "
-                                 f"{NEEDS[lowering]}; this layer has kernel "
-                                 f"{self.kernel_size}, strides {self.strides}, dilation "
-                                 f"{self.dilation_rate}, groups {self.groups}. Use "
-                                 f"lowering='auto' or one of {available(geo)}")
+            else:
+                try:
+                    check_available(geo, lowering)
+                except LoweringError as exc:
+                    raise ValueError(f"layer '{self.name}': {exc}") from None
             plan = self._plans[key] = (geo, lowering)
         return plan
 

@@ -27,6 +27,24 @@ def as_tensor(x):
     return ops.convert_to_tensor(x)
 
 
+def custom_conv(forward, backward, x, kernel):
+    """``forward(x, kernel) -> (y, saved)`` as a differentiable op on every backend, whose
+    gradient is ``backward(dy, saved) -> (dx, dkernel)`` (``keras.ops.custom_gradient``).
+    Variables enter as tensors: TF's custom_gradient would otherwise insist on handling their
+    gradients itself."""
+    @ops.custom_gradient
+    def conv(x, kernel):
+        y, saved = forward(x, kernel)
+
+        def grad(*args, upstream=None):
+            dy = upstream if upstream is not None else args[0]
+            return backward(dy, saved)
+
+        return y, grad
+
+    return conv(as_tensor(x), as_tensor(kernel))
+
+
 def matmul(a, b):
     """``a @ b`` for 2-D operands, in their own dtype (Keras' torch ``matmul`` demotes float64)."""
     if _name() == "torch":

@@ -8,7 +8,7 @@ from keras_cct.errors import LoweringError
 from keras_cct.lowering.engine import MODES, lowered_conv2d
 from keras_cct.lowering.geometry import ConvGeometry, PaddingArg, conv_geometry
 from keras_cct.lowering.native import native_conv2d
-from keras_cct.lowering.planner import ALL_LOWERINGS, NEEDS, available, choose_for
+from keras_cct.lowering.planner import ALL_LOWERINGS, NEEDS, check_available, choose_for
 from keras_cct.lowering.space_to_depth import space_to_depth_conv2d
 from keras_cct.lowering.winograd import winograd_conv2d
 
@@ -30,11 +30,7 @@ def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str):
     if lowering in MODES:
         return lowered_conv2d(x, kernel, geo, lowering)
     if lowering in NEEDS:
-        if lowering not in available(geo):
-            raise LoweringError(
-                f"lowering {lowering!r} needs {NEEDS[lowering]}; got kernel ({geo.kh}, "
-                f"{geo.kw}), strides ({geo.sh}, {geo.sw}), dilation ({geo.dh}, {geo.dw}), "
-                f"groups {geo.groups}. Use 'auto' or one of {available(geo)}")
+        check_available(geo, lowering)
         if lowering in ("winograd", "winograd4"):
             return winograd_conv2d(x, kernel, geo, tile=2 if lowering == "winograd" else 4)
         return space_to_depth_conv2d(x, kernel, geo)

@@ -318,17 +318,4 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
 
     if not custom_gradient:
         return forward(x, kernel)[0]
-
-    @ops.custom_gradient
-    def conv(x, kernel):
-        y, saved = forward(x, kernel)
-
-        def grad(*args, upstream=None):
-            dy = upstream if upstream is not None else args[0]
-            return backward(dy, saved)
-
-        return y, grad
-
-    # Variables must enter as tensors: TF's custom_gradient would otherwise insist on handling
-    # their gradients itself.
-    return conv(B.as_tensor(x), B.as_tensor(kernel))
+    return B.custom_conv(forward, backward, x, kernel)

@@ -2,8 +2,8 @@
 
 Three modes:
 
-* ``mode="auto"`` (what :class:`~keras_cct.HybridConv2D` uses by default): never slower than the
-  backend's own convolution. A shortlist -- ``"native"`` (the backend's own convolution in its
+* ``mode="auto"`` (what :class:`~keras_cct.HybridConv2D` uses by default): the fastest, as
+  timed here, of a shortlist that always holds the backend's own convolution. The shortlist -- ``"native"`` (the backend's own convolution in its
   fastest form), the cost model's best lowered type and, where they apply, ``"winograd"``
   (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3); not in 16-bit floats: :data:`IMPRECISE`) and
   ``"space_to_depth"`` (:data:`NEEDS`) -- is
@@ -107,6 +107,16 @@ def available(geo: ConvGeometry) -> Tuple[str, ...]:
     applies = {"winograd": winograd_applies, "winograd4": winograd_applies,
                "space_to_depth": space_to_depth_applies}
     return tuple(c for c in ALL_LOWERINGS if c not in applies or applies[c](geo))
+
+
+def check_available(geo: ConvGeometry, lowering: str) -> None:
+    """Raise :class:`LoweringError` when ``lowering`` cannot compute ``geo`` (:data:`NEEDS`),
+    naming what it needs and the lowerings that can."""
+    if lowering in NEEDS and lowering not in available(geo):
+        raise LoweringError(
+            f"lowering {lowering!r} needs {NEEDS[lowering]}; got kernel ({geo.kh}, {geo.kw}), "
+            f"strides ({geo.sh}, {geo.sw}), dilation ({geo.dh}, {geo.dw}), groups "
+            f"{geo.groups}. Use 'auto' or one of {available(geo)}")
 
 
 #: Lowerings the planner does not pick for a dtype, for their error: F(4x4, 3x3)'s transforms

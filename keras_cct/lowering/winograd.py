@@ -387,14 +387,4 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2):
             dxs.append(input_adjoint(gemm_dv(dm, ug)))
         return concat(dxs), kernel_adjoint(concat(dus))
 
-    @ops.custom_gradient
-    def conv(x, kernel):
-        y, saved = forward(x, kernel)
-
-        def grad(*args, upstream=None):
-            dy = upstream if upstream is not None else args[0]
-            return backward(dy, saved)
-
-        return y, grad
-
-    return conv(B.as_tensor(x), B.as_tensor(kernel))
+    return B.custom_conv(forward, backward, x, kernel)
