@@ -8,9 +8,12 @@ Three modes:
   (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3); not in 16-bit floats: :data:`IMPRECISE`) and
   ``"space_to_depth"`` (:data:`NEEDS`) -- is
   timed once for the exact shape, backend, dtype and machine (forward+backward at up to
-  :data:`AUTO_BATCH` images, :func:`auto_batch`; two repeats), and the winner is cached on
-  disk, so the first use
-  of a shape costs about a second at most and later ones nothing. A convolution of less than
+  :data:`AUTO_BATCH` images, :func:`auto_batch`; two repeats). A winner other than
+  ``"native"`` must beat it by :data:`NATIVE_MARGIN`, and one that wins by less than
+  :data:`CONFIRM_BELOW` at a batch smaller than the layer's is timed again beside ``"native"``
+  at a larger batch (:func:`confirm_batch`; rankings at 4 images and at 32 can differ). The
+  choice is cached on disk, so the first use of a shape costs about a second and later ones
+  nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
   several).
 * ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1
@@ -40,7 +43,7 @@ from keras_cct.lowering.native import MAX_SPLIT_GROUPS
 
 ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd", "winograd4", "space_to_depth")
 PLANNER_MODES = ("auto", "model", "measure")
-CACHE_VERSION = 3  # 3: steps fetch the forward; "auto" mode; native per backend; winograd
+CACHE_VERSION = 4  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
@@ -53,6 +56,15 @@ AUTO_FLOPS_PER_CALL = 6e9
 #: hundred GFLOP/s such a convolution takes well under a millisecond, where the op count of a
 #: lowering (pad, gather, GEMM, reshape, lifting) dominates.
 AUTO_MIN_FLOPS = 100e6
+#: ``mode="auto"`` keeps ``"native"`` unless another candidate times at least this fraction
+#: faster: the backend's own op is one op with no temporaries, and two repeats on a busy
+#: machine differ by a few percent.
+NATIVE_MARGIN = 0.05
+#: A winner that beats ``"native"`` by less than this factor at :func:`auto_batch` images is
+#: timed again beside it at :func:`confirm_batch` images (at most
+#: :data:`CONFIRM_FLOPS_PER_CALL` forward+backward flops per call).
+CONFIRM_BELOW = 1.3
+CONFIRM_FLOPS_PER_CALL = 24e9
 
 
 def cache_dir() -> Path:
@@ -154,13 +166,53 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
         shortlist += (_model_choice(geo, lowered, b, training, machine),)
     if len(shortlist) == 1:
         return shortlist[0]
-    return _measured_choice(geo, shortlist, dtype, training, auto_batch(geo, b), repeats=2)
+    return _auto_choice(geo, shortlist, dtype, training, b)
 
 
 def auto_batch(geo: ConvGeometry, batch: int) -> int:
     """Images ``mode="auto"`` times a shape at (see :data:`AUTO_BATCH`)."""
     per_image = 3 * geo.flops(1)
     return max(1, min(AUTO_BATCH, batch, int(AUTO_FLOPS_PER_CALL // per_image)))
+
+
+def confirm_batch(geo: ConvGeometry, batch: int) -> int:
+    """Images a close ``mode="auto"`` winner is timed again at, beside ``"native"`` (at most
+    ``batch`` and :data:`CONFIRM_FLOPS_PER_CALL` forward+backward flops per call)."""
+    per_image = 3 * geo.flops(1)
+    return max(auto_batch(geo, batch), min(batch, int(CONFIRM_FLOPS_PER_CALL // per_image)))
+
+
+def _keep_native(times: Dict[str, float]) -> str:
+    """The fastest of ``times``, unless ``"native"`` is within :data:`NATIVE_MARGIN` of it."""
+    best = min(times, key=times.get)
+    if "native" in times and times[best] * (1 + NATIVE_MARGIN) > times["native"]:
+        return "native"
+    return best
+
+
+def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch: int) -> str:
+    fitting = tuple(c for c in shortlist if fits_in_memory(geo, c, batch))
+    shortlist = fitting or shortlist
+    key = _cache_key(geo, shortlist, dtype, training, batch, mode="auto")
+    hit = _read_cache().get(key)
+    if isinstance(hit, dict) and hit.get("choice") in shortlist:
+        return hit["choice"]
+    small = auto_batch(geo, batch)
+    times = {c: time_lowering(geo, c, batch=small, dtype=dtype, training=training, repeats=2)
+             for c in shortlist}
+    best = _keep_native(times)
+    entry = {"batch": small, "seconds": times}
+    big = confirm_batch(geo, batch)
+    if best != "native" and "native" in times and big > small and \
+            times["native"] < CONFIRM_BELOW * times[best]:
+        again = {c: time_lowering(geo, c, batch=big, dtype=dtype, training=training, repeats=2)
+                 for c in ("native", best)}
+        best = _keep_native(again)
+        entry.update(confirm_batch=big, confirm_seconds=again)
+    entries = _read_cache()
+    entries[key] = dict(entry, choice=best)
+    _write_cache(entries)
+    return best
 
 
 def _model_choice(geo, cands, batch, training, machine) -> str:
@@ -198,10 +250,11 @@ def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, pad
 
 # ---------------------------------------------------------------------------------- measuring
 
-def _cache_key(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int) -> str:
+def _cache_key(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int,
+               mode: str = "measure") -> str:
     import keras
     from keras_cct import __version__
-    fields = dict(v=CACHE_VERSION, pkg=__version__, backend=keras.backend.backend(),
+    fields = dict(v=CACHE_VERSION, mode=mode, pkg=__version__, backend=keras.backend.backend(),
                   device=_device_name(), dtype=dtype, training=training, batch=batch,
                   cands=list(cands),
                   geo=[geo.in_h, geo.in_w, geo.channels, geo.kh, geo.kw, geo.filters, geo.groups,

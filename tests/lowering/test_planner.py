@@ -133,3 +133,39 @@ def test_auto_mode_times_large_layers_at_a_smaller_batch():
     assert planner.auto_batch(vgg, 32) == 1             # 11 GFLOP f+b per image
     tiny = conv_geometry((None, 8, 8, 4), (3, 3, 4, 4), padding=1)
     assert planner.auto_batch(tiny, 64) == planner.AUTO_BATCH
+
+
+def _fake_timer(monkeypatch, table):
+    """time_lowering answering ``table[(lowering, batch)]`` (or ``table[lowering]``)."""
+    timed = []
+
+    def fake(geo, low, **kw):
+        timed.append((low, kw["batch"]))
+        return table.get((low, kw["batch"]), table.get(low, 10.0))
+
+    monkeypatch.setattr(planner, "time_lowering", fake)
+    return timed
+
+
+def test_auto_mode_keeps_native_unless_another_is_clearly_faster(cache_dir, monkeypatch):
+    shape, kernel = (None, 13, 13, 256), (5, 5, 256, 256)     # native and type1 timed
+    _fake_timer(monkeypatch, {"native": 1.0, "type1": 1.0 / (1 + planner.NATIVE_MARGIN / 2)})
+    assert choose(shape, kernel, padding=2, mode="auto") == "native"
+    _fake_timer(monkeypatch, {"native": 1.0, "type1": 0.5})   # 2x: no second look
+    assert choose(shape, kernel, padding=2, mode="auto", batch=64) == "type1"
+
+
+def test_auto_mode_times_a_close_winner_again_at_a_larger_batch(cache_dir, monkeypatch):
+    geo = conv_geometry((None, 56, 56, 64), (3, 3, 64, 128), padding=1)
+    small, big = planner.auto_batch(geo, 32), planner.confirm_batch(geo, 32)
+    assert small < big <= 32
+    # Type 2 wins by 15% at `small` images and loses by 30% at `big`: native is kept.
+    timed = _fake_timer(monkeypatch, {"native": 1.0, "type2": 0.85, ("type2", big): 1.3,
+                                      "winograd": 2.0, "winograd4": 2.0})
+    monkeypatch.setattr(planner, "_model_choice", lambda *a: "type2")
+    assert choose((None, 56, 56, 64), (3, 3, 64, 128), padding=1, mode="auto") == "native"
+    assert sorted(timed[-2:]) == [("native", big), ("type2", big)]
+    # ...and is kept from the cache, untimed, afterwards.
+    timed.clear()
+    assert choose((None, 56, 56, 64), (3, 3, 64, 128), padding=1, mode="auto") == "native"
+    assert timed == []
