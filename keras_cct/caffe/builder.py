@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Uni
 
 import keras
 
-from keras_cct.caffe import proto
+from keras_cct.caffe import proto, validate
 from keras_cct.caffe.prototxt import (NetSource, filter_net, parse_net, read_net, upgrade_net,
                                       _phase_value)
 from keras_cct.caffe.weights import keras_name, load_weights
@@ -542,6 +542,7 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
             raise ctx.error(f"input blob '{top}' is produced twice")
         if any(d <= 0 for d in cshape[1:]):
             raise ctx.error(f"input '{top}' has a non-positive dimension {cshape}")
+        validate.check_input(ctx, top, cshape)
         kshape = cl.keras_shape(cshape)
         name = keras_name(top)
         if name in used_names or (name in all_layer_names and name != ctx.kname()):
@@ -614,6 +615,7 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
         claim(ctx.kname(), "layer")
         caffe_names[ctx.kname()] = lp.name
         xs = [blobs[b] for b in lp.bottom]
+        validate.check_layer(ctx, lp, xs)
         try:
             outs = conv(ctx, lp, xs)
         except CaffeFormatError:

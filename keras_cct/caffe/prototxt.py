@@ -17,10 +17,10 @@ through ``google.protobuf.text_format`` and binary through protobuf's parser onl
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -29,6 +29,7 @@ from google.protobuf import text_format
 
 from keras_cct._files import atomic_write
 from keras_cct.caffe import proto
+from keras_cct.caffe.validate import check_strings, read_bounded
 from keras_cct.errors import CaffeFormatError
 
 PathLike = Union[str, os.PathLike]
@@ -102,17 +103,17 @@ def read_text(path: PathLike, message_class=None, *, what: str = "prototxt"):
     """
     message_class = message_class or proto.NetParameter
     path = str(path)
+    return _parse_text(_read_text_file(path, what), message_class, path, what)
+
+
+def _read_text_file(path: str, what: str) -> str:
+    """A text file's contents (a bounded, regular file; UTF-8)."""
+    data = read_bounded(path, what)
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="strict")
-    except FileNotFoundError:
-        raise CaffeFormatError(f"{what} file not found", path=path,
-                               hint="check the path") from None
+        return data.decode("utf-8", errors="strict")
     except UnicodeDecodeError as exc:
         raise CaffeFormatError(f"not a text {what} (byte {exc.start} is not UTF-8)", path=path,
                                hint="binary .caffemodel files go in `weights=`") from None
-    except OSError as exc:
-        raise CaffeFormatError(f"cannot read the {what}: {exc.strerror}", path=path) from None
-    return _parse_text(text, message_class, path, what)
 
 
 def _parse_text(text: str, message_class, path: str, what: str):
@@ -131,6 +132,7 @@ def _parse_text(text: str, message_class, path: str, what: str):
             hint = "the field is not part of BVLC Caffe's caffe.proto (a fork's extension?)"
         raise CaffeFormatError(f"{what} syntax error: {detail}", path=path, line=line,
                                column=col, hint=hint) from None
+    check_strings(msg, path, what)  # escapes such as "\\303(" are not UTF-8
     return msg
 
 
@@ -219,17 +221,7 @@ def read_net(path: PathLike, *, upgrade: bool = True, with_source: bool = False)
         CaffeFormatError: unreadable file or syntax error (file:line:column).
     """
     path = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CaffeFormatError("prototxt file not found", path=path,
-                               hint="check the path") from None
-    except UnicodeDecodeError as exc:
-        raise CaffeFormatError(f"not a text prototxt (byte {exc.start} is not UTF-8)",
-                               path=path, hint="a binary .caffemodel goes in `weights=`"
-                               ) from None
-    except OSError as exc:
-        raise CaffeFormatError(f"cannot read the prototxt: {exc.strerror}", path=path) from None
+    text = _read_text_file(path, "prototxt")
     net, source = parse_net(text, path=path, upgrade=upgrade)
     return (net, source) if with_source else net
 
@@ -254,6 +246,7 @@ def parse_caffemodel(data: bytes, *, path: str = "<bytes>", upgrade: bool = True
     if not len(net.layer) and not len(net.layers):
         raise CaffeFormatError("the caffemodel contains no layers", path=path,
                                hint="the file is not a Caffe model (or is truncated)")
+    check_strings(net, path, "caffemodel")
     if upgrade:
         upgrade_net(net, path=path)
     return net
@@ -266,25 +259,14 @@ def read_caffemodel(path: PathLike, *, upgrade: bool = True):
         CaffeFormatError: missing file, truncated or non-protobuf content, no layers.
     """
     path = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise CaffeFormatError("caffemodel file not found", path=path,
-                               hint="check the path") from None
-    except OSError as exc:
-        raise CaffeFormatError(f"cannot read the caffemodel: {exc.strerror}", path=path
-                               ) from None
+    data = read_bounded(path, "caffemodel")
     return parse_caffemodel(data, path=path, upgrade=upgrade)
 
 
 def read_binaryproto(path: PathLike) -> "proto.BlobProto":
     """Read a .binaryproto file (one ``BlobProto``, e.g. Caffe's mean file)."""
     path = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise CaffeFormatError(f"cannot read the binaryproto: {exc.strerror}", path=path,
-                               hint="check the path") from None
+    data = read_bounded(path, "binaryproto")
     blob = proto.BlobProto()
     try:
         blob.ParseFromString(data)
@@ -293,6 +275,10 @@ def read_binaryproto(path: PathLike) -> "proto.BlobProto":
                                hint="the file is truncated or not a Caffe BlobProto") from None
     if not (len(blob.data) or len(blob.double_data)):
         raise CaffeFormatError("the binaryproto holds no data", path=path)
+    shape, n = blob_shape(blob), len(blob.double_data) or len(blob.data)
+    if any(d < 0 for d in shape) or math.prod(shape) != n:
+        raise CaffeFormatError(f"the blob declares shape {shape} but holds {n} values",
+                               path=path, hint="the file is corrupt; write it again")
     return blob
 
 
@@ -328,8 +314,8 @@ def blob_to_array(blob, *, dtype=np.float32) -> np.ndarray:
         values = np.asarray(blob.double_data, dtype=np.float64)
     else:
         values = np.asarray(blob.data, dtype=np.float32)
-    size = int(np.prod(shape)) if shape else 1
-    if values.size != size:
+    size = math.prod(shape)
+    if values.size != size or any(d < 0 for d in shape):
         raise CaffeFormatError(f"blob of shape {shape} holds {values.size} values, "
                                f"expected {size}")
     return values.reshape(shape).astype(dtype, copy=False)

@@ -399,17 +399,23 @@ def read_solver(path) -> SolverConfig:
     Raises:
         CaffeFormatError: unreadable file, syntax error (file:line:column), a solver that names
             no net, an unknown ``type``/``solver_type`` or ``lr_policy``, conflicting types, a
-            missing net file.
+            missing net file, a number out of its valid range (file:line and the field).
     """
     from keras_cct.caffe import proto
-    from keras_cct.caffe.prototxt import read_text
+    from keras_cct.caffe.prototxt import _parse_text, _read_text_file
+    from keras_cct.caffe.validate import field_lines
     path = str(path)
-    param = read_text(path, proto.SolverParameter, what="solver")
-    return solver_config(param, path=path)
+    text = _read_text_file(path, "solver")
+    param = _parse_text(text, proto.SolverParameter, path, "solver")
+    return solver_config(param, path=path, lines=field_lines(text))
 
 
-def solver_config(param, *, path: Optional[str] = None) -> SolverConfig:
-    """Check a ``SolverParameter`` (see :func:`read_solver`)."""
+def solver_config(param, *, path: Optional[str] = None,
+                  lines: Optional[Mapping[str, Sequence[int]]] = None) -> SolverConfig:
+    """Check a ``SolverParameter`` (see :func:`read_solver`); ``lines`` maps each top-level
+    field to the lines it is on (for error messages)."""
+    from keras_cct.caffe.validate import check_solver
+    check_solver(param, path, dict(lines or {}))
     # type / legacy solver_type (Caffe's UpgradeSolverType)
     if param.HasField("solver_type"):
         legacy = LEGACY_SOLVER_TYPES[int(param.solver_type)]

@@ -50,6 +50,7 @@ import keras
 import numpy as np
 
 from keras_cct.caffe import proto, prototxt
+from keras_cct.caffe import validate as _validate
 from keras_cct.caffe.data import (DataSource, merge_batches, net_data_sources, prefetch,
                                   resolve_path)
 from keras_cct.caffe.losses import HEAD_TYPES, LOSS_TYPES, head_value
@@ -203,13 +204,9 @@ def read_solverstate(path: str):
         CaffeFormatError: missing, truncated or not a SolverState.
     """
     from google.protobuf import message as pb_message
+    from keras_cct.caffe.validate import check_solverstate, read_bounded
     path = str(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise CaffeFormatError(f"cannot read the solver state: {exc.strerror}", path=path,
-                               hint="check the --snapshot path") from None
+    data = read_bounded(path, "solver state")
     state = proto.SolverState()
     try:
         state.ParseFromString(data)
@@ -220,6 +217,7 @@ def read_solverstate(path: str):
     if not state.HasField("iter"):
         raise CaffeFormatError("the solverstate has no iteration", path=path,
                                hint="the file is not a Caffe SolverState")
+    check_solverstate(state, path)
     return state
 
 
@@ -370,6 +368,8 @@ class Solver:
         self.net_param = self._read_net_param()
         self.snapshot_prefix = snapshot_prefix or p.snapshot_prefix or (
             os.path.splitext(self.path)[0] if self.path else "snapshot")
+        for tmp in _validate.remove_stale_temps(self.snapshot_prefix):
+            self.log(f"Removed {tmp}, left by an interrupted snapshot")
 
         # TRAIN net and its data
         self.train_param = self._filter(self.net_param, "TRAIN", list(p.train_state.stage))
@@ -667,14 +667,14 @@ class Solver:
     # -- training -----------------------------------------------------------------------------
     def _train_batches(self, skip: int):
         """The TRAIN batches from mini-batch ``skip`` on, prefetched in a background thread
-        (the skipped batches are read and transformed, so random crops/mirrors stay in step)."""
+        (each source skips ``skip`` modulo its record period, so resuming at any iteration
+        reads at most a few epochs: see :func:`keras_cct.caffe.validate.skip_batches`)."""
         old = getattr(self, "_batches", None)
         if old is not None and hasattr(old, "close"):
             old.close()
-        it = merge_batches(self.train_sources)
-        for _ in range(skip):
-            next(it)
-        return prefetch(it)
+        if not skip:
+            return prefetch(merge_batches(self.train_sources))
+        return prefetch(_validate.skip_batches(self.train_sources, skip, log=self.log))
 
     def _train_batch(self) -> Dict[str, float]:
         batch = next(self._batches)

@@ -27,6 +27,7 @@ way (protobuf parses the encoded file back, so every file we write is checked by
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -36,6 +37,7 @@ import numpy as np
 from keras_cct.caffe import proto
 from keras_cct._files import atomic_path, atomic_write
 from keras_cct.caffe.prototxt import blob_shape, parse_caffemodel
+from keras_cct.caffe.validate import read_bounded
 from keras_cct.errors import CaffeFormatError
 
 PathLike = Union[str, os.PathLike]
@@ -122,8 +124,8 @@ def blob_array(blob, *, path: Optional[str] = None, layer: Optional[str] = None)
     if values is None:
         values = (np.asarray(blob.double_data, np.float64) if len(blob.double_data)
                   else np.asarray(blob.data, np.float32))
-    size = int(np.prod(shape)) if len(shape) else 1
-    if values.size != size:
+    size = math.prod(shape)
+    if values.size != size or any(d < 0 for d in shape):
         raise CaffeFormatError(f"blob of shape {shape} holds {values.size} values, expected "
                                f"{size}", path=path, layer=layer,
                                hint="the caffemodel is corrupt")
@@ -263,14 +265,7 @@ def _weight_source(caffemodel):
     raw: Dict[str, List[np.ndarray]] = {}
     if isinstance(caffemodel, (str, os.PathLike)):
         path = str(caffemodel)
-        try:
-            data = open(path, "rb").read()
-        except FileNotFoundError:
-            raise CaffeFormatError("caffemodel file not found", path=path,
-                                   hint="check the path") from None
-        except OSError as exc:
-            raise CaffeFormatError(f"cannot read the caffemodel: {exc.strerror}",
-                                   path=path) from None
+        data = read_bounded(path, "caffemodel")  # a regular file of a sane size
         weights = parse_caffemodel(data, path=path)   # protobuf validates the whole file
         raw = _raw_blob_payloads(data)
     else:
@@ -284,7 +279,7 @@ def _weight_source(caffemodel):
             for i, b in enumerate(lp.blobs):
                 shape = blob_shape(b)
                 fast = payloads[i] if payloads is not None else None
-                if fast is not None and fast.size == int(np.prod(shape)) and not \
+                if fast is not None and fast.size == math.prod(shape) and not \
                         len(b.double_data):
                     get = (lambda a=fast, sh=shape: a.reshape(sh))
                 else:
