@@ -97,3 +97,8 @@ class ClusterError(KerasCCTError, ValueError):
 
 class DeviceDroppedWarning(UserWarning):
     """A device failed during a step: its shard was recomputed elsewhere and it was dropped."""
+
+
+class DeviceTimeoutError(DeviceError):
+    """A device did not answer a request within its deadline (a hung driver, a stopped worker);
+    its worker was killed. ``KERAS_CCT_DEVICE_TIMEOUT`` sets the deadline."""

@@ -9,6 +9,10 @@ The forward and backward passes run in the device's worker process on numpy arra
 * PyTorch: a ``torch.autograd.Function``.
 
 None of them can be compiled by XLA: a layer that uses this op reports ``supports_jit = False``.
+
+A device failure (:class:`~keras_cct.errors.DeviceError`: a dead worker that did not come back,
+a missed deadline) reaches the caller as itself, not as the backend's error for a failed
+callback: see :mod:`keras_cct.strategy.failures`.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from __future__ import annotations
 import functools
 import numpy as np
 
-from keras_cct.errors import DeviceError, LoweringError
+from keras_cct.errors import DeviceError, KerasCCTError, LoweringError
 from keras_cct.lowering.geometry import PaddingArg, conv_geometry
+from keras_cct.strategy import failures
 
 
 def _canon(value):
@@ -58,7 +63,10 @@ def conv2d_on(device: str, x, kernel, bias=None, *, strides=1, padding: PaddingA
         ``kernel`` and ``bias`` are computed on the same device.
 
     Raises:
-        DeviceError: ``device`` is not an OpenCL device, or a dtype is not float32.
+        DeviceError: ``device`` is not an OpenCL device, or a dtype is not float32; or the
+            device failed (:class:`~keras_cct.errors.WorkerError`,
+            :class:`~keras_cct.errors.DeviceTimeoutError` after ``KERAS_CCT_DEVICE_TIMEOUT``
+            seconds), also inside ``fit`` (see :mod:`keras_cct.strategy.failures`).
         LoweringError: inconsistent shapes or arguments (checked before anything runs).
     """
     from keras_cct.devices.opencl.client import parse_opencl_name
@@ -86,10 +94,12 @@ def conv2d_on(device: str, x, kernel, bias=None, *, strides=1, padding: PaddingA
     cfg = (device, _canon(strides), _canon(padding), _canon(dilation_rate), int(groups),
            str(lowering))
     backend = keras.backend.backend()
+    failures.install_keras_hook()
     if backend == "tensorflow":
-        return _tf_conv(cfg, x, kernel, bias, geom)
+        return failures.call_typed(_tf_conv, cfg, x, kernel, bias, geom)
     if backend == "jax":
-        return _jax_op(cfg, bias is not None)(x, kernel, *(() if bias is None else (bias,)))
+        return failures.call_typed(_jax_op(cfg, bias is not None), x, kernel,
+                                   *(() if bias is None else (bias,)))
     if backend == "torch":
         return _TorchConv.apply(x, kernel, bias, cfg)
     raise DeviceError(f"conv2d_on does not support the {backend!r} Keras backend "
@@ -104,14 +114,20 @@ def _kwargs(cfg):
 
 def _np_forward(cfg, x, k, b=None):
     from keras_cct.devices.opencl.conv import conv2d_forward
-    return conv2d_forward(cfg[0], np.asarray(x), np.asarray(k),
-                          None if b is None else np.asarray(b), **_kwargs(cfg))
+    try:
+        return conv2d_forward(cfg[0], np.asarray(x), np.asarray(k),
+                              None if b is None else np.asarray(b), **_kwargs(cfg))
+    except KerasCCTError as exc:  # the backend hides it in its own error: keep it for the caller
+        raise failures.remember(exc)
 
 
 def _np_backward(cfg, with_bias, x, k, dy):
     from keras_cct.devices.opencl.conv import conv2d_backward
-    dx, dk, db = conv2d_backward(cfg[0], np.asarray(x), np.asarray(k), np.asarray(dy),
-                                 with_bias=with_bias, **_kwargs(cfg))
+    try:
+        dx, dk, db = conv2d_backward(cfg[0], np.asarray(x), np.asarray(k), np.asarray(dy),
+                                     with_bias=with_bias, **_kwargs(cfg))
+    except KerasCCTError as exc:
+        raise failures.remember(exc)
     return (dx, dk, db) if with_bias else (dx, dk)
 
 
@@ -136,9 +152,10 @@ def _tf_conv(cfg, x, kernel, bias, geom):
         y.set_shape(out_static)
 
         def grad(dy):
-            outs = tf.numpy_function(backward, [args[0], args[1], dy],
-                                     [tf.float32] * (3 if with_bias else 2), stateful=False,
-                                     name="cct_opencl_conv2d_grad")
+            outs = failures.call_typed(  # eager (a GradientTape): raises here
+                tf.numpy_function, backward, [args[0], args[1], dy],
+                [tf.float32] * (3 if with_bias else 2), stateful=False,
+                name="cct_opencl_conv2d_grad")
             for t, src in zip(outs, args):
                 t.set_shape(src.shape)
             return list(outs)

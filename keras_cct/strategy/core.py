@@ -19,8 +19,10 @@ How a strategy-bound :class:`~keras_cct.HybridConv2D` computes (TensorFlow backe
 4. Each shard's forward and backward times are recorded (host markers around TF shards, the
    request's own completion for OpenCL); with ``rebalance=True`` the fractions move toward
    equal finish times in smoothed, bounded steps.
-5. If an OpenCL device fails during a step, its shard is recomputed on the host, the device is
-   dropped with a :class:`~keras_cct.errors.DeviceDroppedWarning`, and training goes on.
+5. If an OpenCL device fails during a step -- its worker died and did not come back, or it
+   missed its deadline (a stalled device: ``KERAS_CCT_DEVICE_TIMEOUT``) -- its shard is
+   recomputed on the host, the device is dropped with a
+   :class:`~keras_cct.errors.DeviceDroppedWarning`, and training goes on.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from keras_cct.errors import DeviceDroppedWarning, DeviceError
-from keras_cct.strategy import context, host
+from keras_cct.strategy import context, failures, host
 
 SPLITS = ("flops", "measure")
 BACKWARD_SPLITS = ("auto", "own", "forward")
@@ -334,8 +336,8 @@ class CCTStrategy:
         with self._lock:
             if not self.active[i]:
                 return
-            if self.active.sum() <= 1:
-                raise exc
+            if self.active.sum() <= 1:  # nowhere else to go: the caller gets the error
+                raise failures.remember(exc)
             self.active[i] = False
         warnings.warn(
             f"CCTStrategy: device {self.devices[i].name} failed in layer '{layer_name}' "
@@ -418,7 +420,7 @@ class CCTStrategy:
 
             return y, grad
 
-        return op(x, kernel, *b)
+        return failures.call_typed(op, x, kernel, *b)  # eager: a device's error as itself
 
     def _tied_backward(self, geo, lowering: str, need_dx: bool) -> bool:
         """Whether the backward reuses the forward's shards (``backward_split``)."""

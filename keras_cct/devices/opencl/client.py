@@ -4,9 +4,16 @@ One :class:`WorkerClient` per OpenCL device name (``"opencl:P:D"`` or ``"opencl:
 ``worker.py`` as a script in a child process (so that it never imports TensorFlow), lazily on
 the first call. Arrays cross through a shared-memory arena (:mod:`multiprocessing.shared_memory`)
 that the client grows as needed; only small requests are pickled. A worker that died (crash,
-SIGKILL) is restarted transparently and the request retried once; errors inside it come back as
-:class:`~keras_cct.errors.OpenCLError` (with the OpenCL message and build log) or
-:class:`~keras_cct.errors.WorkerError`.
+SIGKILL) is restarted transparently and the request retried (up to :data:`RESTARTS` times, with
+a growing pause); errors inside it come back as :class:`~keras_cct.errors.OpenCLError` (with the
+OpenCL message and build log) or :class:`~keras_cct.errors.WorkerError`.
+
+Every request has a deadline (:func:`request_timeout`: ``KERAS_CCT_DEVICE_TIMEOUT`` seconds, or
+by default :data:`DEFAULT_TIMEOUT` plus a share of the request's work; a worker's first request
+of each command gets :data:`DEFAULT_START_TIMEOUT` more, ``KERAS_CCT_DEVICE_START_TIMEOUT``, for
+its start and kernel builds). A worker that misses it (a hung driver, a stopped process) is
+killed with SIGKILL and the request fails with :class:`~keras_cct.errors.DeviceTimeoutError`;
+the next request starts a fresh worker.
 
 Requests are asynchronous, like a GPU stream: :meth:`WorkerClient.submit` queues one and
 returns a :class:`concurrent.futures.Future` at once; the client's *device thread* copies the
@@ -26,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import Future
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
@@ -33,12 +41,50 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from keras_cct.errors import DeviceError, OpenCLError, WorkerError
+from keras_cct.errors import DeviceError, DeviceTimeoutError, OpenCLError, WorkerError
 from keras_cct.devices.opencl.worker import parse_cpus
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 ALIGN = 4096
 DEFAULT_ICD_DIR = "/etc/OpenCL/vendors"
+#: Seconds a request may take by default, plus its work at :data:`SLOW_FLOPS`.
+DEFAULT_TIMEOUT = 60.0
+#: Extra seconds for a worker's first request of each command (process start, kernel builds).
+DEFAULT_START_TIMEOUT = 120.0
+#: A pessimistic device speed (FLOP/s) for the work-size part of the default deadline.
+SLOW_FLOPS = 1e9
+#: Restarts of a worker that died during one request before it fails, and the first pause
+#: between them (doubled each time).
+RESTARTS = 3
+RESTART_PAUSE = 0.1
+TIMEOUT_VAR = "KERAS_CCT_DEVICE_TIMEOUT"
+START_TIMEOUT_VAR = "KERAS_CCT_DEVICE_START_TIMEOUT"
+
+
+def _seconds(var: str, env: Optional[Mapping[str, str]], default: float) -> float:
+    """``var`` from ``env`` (a worker's extra environment), else the process' environment, as
+    seconds (``0``: no deadline), else ``default``."""
+    text = (env or {}).get(var, os.environ.get(var, "")).strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise DeviceError(f"{var}={text!r}: expected seconds, a number >= 0 (0: no deadline)")
+    return value if value > 0 else float("inf")
+
+
+def request_timeout(work: float = 0.0, env: Optional[Mapping[str, str]] = None) -> float:
+    """Seconds one request of ``work`` floating-point operations may take: ``$KERAS_CCT_DEVICE_TIMEOUT``
+    when set (``0``: no deadline), else :data:`DEFAULT_TIMEOUT` + ``work`` / :data:`SLOW_FLOPS`.
+
+    Raises:
+        DeviceError: the variable is not a number >= 0.
+    """
+    fixed = _seconds(TIMEOUT_VAR, env, 0.0)
+    return fixed if fixed > 0 else DEFAULT_TIMEOUT + max(float(work), 0.0) / SLOW_FLOPS
 
 
 def parse_opencl_name(name: str) -> str:
@@ -102,6 +148,9 @@ class WorkerClient:
         self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._thread_cpus: Optional[frozenset] = None
+        self._warm: set = set()  # the commands this worker has answered (kernels built)
+        self._closing = False
+        self._budget = float("inf")  # seconds of the request in flight
 
     # -- life cycle -----------------------------------------------------------------------------
     @property
@@ -130,6 +179,7 @@ class WorkerClient:
         self._conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()
         self._attached = False
+        self._warm = set()
         self._pid_owner = os.getpid()
         self.starts += 1
 
@@ -166,17 +216,24 @@ class WorkerClient:
             self._stderr = None
         self._attached = False
 
-    def stop(self) -> None:
-        """Ask the worker to exit (kill it if it does not) and free the arena."""
-        with self._lock:
-            if self._pid_owner != os.getpid():
-                return
+    def stop(self, wait: float = 5.0) -> None:
+        """Ask the worker to exit (kill it if it does not within ``wait`` seconds) and free the
+        arena. If a request is running (on a stalled device, say) and does not end within
+        ``wait``, the worker is killed and that request fails."""
+        if self._pid_owner != os.getpid():
+            return
+        if not self._lock.acquire(timeout=wait):
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                proc.kill()  # the device thread sees the death and drops it
+            return
+        try:
             if self._conn is not None and self._proc is not None and self._proc.poll() is None:
                 try:
                     self._conn.send(("exit", {}))
-                    if self._conn.poll(5):
+                    if self._conn.poll(min(wait, 2.0)):
                         self._conn.recv()
-                    self._proc.wait(timeout=5)
+                    self._proc.wait(timeout=min(wait, 2.0))
                 except (OSError, EOFError, subprocess.TimeoutExpired):
                     pass
             self._drop()
@@ -188,11 +245,17 @@ class WorkerClient:
                 except (OSError, BufferError):
                     pass
                 self._shm = None
+        finally:
+            self._lock.release()
 
     # -- requests ---------------------------------------------------------------------------------
-    def _exchange(self, cmd: str, kwargs: dict):
+    def _exchange(self, cmd: str, kwargs: dict, until: float = float("inf")):
+        """Send one request and wait for its answer until ``until`` (``time.monotonic()``)."""
         try:
             self._conn.send((cmd, kwargs))
+            wait = until - time.monotonic()
+            if wait < float("inf") and not self._conn.poll(max(wait, 0.0)):
+                self._stalled(cmd)
             return self._conn.recv()
         except (EOFError, OSError) as exc:
             try:
@@ -204,6 +267,16 @@ class WorkerClient:
             raise _WorkerDied(f"the OpenCL worker of {self.name} died (exit code {code}) "
                               f"during {cmd!r}" + (f"; its output:\n{tail}" if tail else "")) \
                 from exc
+
+    def _stalled(self, cmd: str) -> None:
+        """The worker missed its deadline: kill it (SIGKILL ends a stopped process too)."""
+        pid = self._proc.pid if self._proc is not None else None
+        self._drop()
+        raise DeviceTimeoutError(
+            f"OpenCL device {self.name} did not answer {cmd!r} within its deadline of "
+            f"{self._budget:.1f} s (a hung driver or a stopped worker process); its worker "
+            f"(pid {pid}) was killed and a fresh one starts on the next call. If the device is "
+            f"only slow, raise the deadline: {TIMEOUT_VAR}=SECONDS (0: none)")
 
     def _arena_for(self, nbytes: int) -> np.ndarray:
         if self._shm is None or self._shm.size < nbytes:
@@ -234,8 +307,8 @@ class WorkerClient:
         return self._arena
 
     def call(self, cmd: str, inputs: Optional[Mapping[str, np.ndarray]] = None,
-             outputs: Optional[Mapping[str, Tuple[Tuple[int, ...], type]]] = None,
-             **kwargs):
+             outputs: Optional[Mapping[str, Tuple[Tuple[int, ...], type]]] = None, *,
+             work: float = 0.0, timeout: Optional[float] = None, **kwargs):
         """Run ``cmd`` in the worker with arrays crossing through shared memory, and wait.
 
         Args:
@@ -243,6 +316,10 @@ class WorkerClient:
             inputs: name -> array, copied into the arena; their byte offsets are passed to the
                 worker as ``off[name]``.
             outputs: name -> (shape, dtype) of arrays the worker writes into the arena.
+            work: the request's floating-point operations (for the default deadline).
+            timeout: seconds the request may take (None: :func:`request_timeout` of ``work``
+                with this worker's environment); the first request of each command on a fresh
+                worker gets ``KERAS_CCT_DEVICE_START_TIMEOUT`` more.
             **kwargs: small, picklable arguments.
 
         Returns:
@@ -250,22 +327,26 @@ class WorkerClient:
 
         Raises:
             OpenCLError: an OpenCL call (build, launch) failed; the message carries its log.
-            WorkerError: the worker died twice in a row, or failed unexpectedly.
+            WorkerError: the worker died :data:`RESTARTS` + 1 times in a row, or failed
+                unexpectedly.
+            DeviceTimeoutError: the worker did not answer in time (it was killed).
             DeviceError: the worker rejected the request (bad shape or arguments).
         """
-        return self.submit(cmd, inputs, outputs, **kwargs).result()
+        return self.submit(cmd, inputs, outputs, work=work, timeout=timeout, **kwargs).result()
 
     def submit(self, cmd: str, inputs: Optional[Mapping[str, np.ndarray]] = None,
-               outputs: Optional[Mapping[str, Tuple[Tuple[int, ...], type]]] = None,
-               **kwargs) -> Future:
+               outputs: Optional[Mapping[str, Tuple[Tuple[int, ...], type]]] = None, *,
+               work: float = 0.0, timeout: Optional[float] = None, **kwargs) -> Future:
         """Queue a request (the arguments of :meth:`call`) and return at once.
 
         The inputs are read later, on the device thread: they must not change until the
         future is done. The future's result is :meth:`call`'s; its exception one of
         :meth:`call`'s errors. Requests run one at a time, in the order submitted.
         """
+        if timeout is None:
+            timeout = request_timeout(work, self.env)
         future: Future = Future()
-        job = (future, cmd, dict(inputs or {}), dict(outputs or {}), kwargs)
+        job = (future, cmd, dict(inputs or {}), dict(outputs or {}), float(timeout), kwargs)
         with self._thread_lock:  # not self._lock: that one is held while a request runs
             self._start_thread()
             self._jobs.put(job)
@@ -286,12 +367,12 @@ class WorkerClient:
 
     def _serve(self) -> None:
         while True:
-            future, cmd, inputs, outputs, kwargs = self._jobs.get()
+            future, cmd, inputs, outputs, timeout, kwargs = self._jobs.get()
             if not future.set_running_or_notify_cancel():
                 continue
             try:
                 self._pin_thread()
-                result = self._run(cmd, inputs, outputs, kwargs)
+                result = self._run(cmd, inputs, outputs, kwargs, timeout)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 future.set_exception(exc)
             else:
@@ -315,10 +396,19 @@ class WorkerClient:
         self._thread_cpus = cpus
 
     def _run(self, cmd: str, inputs: Dict[str, np.ndarray],
-             outputs: Dict[str, Tuple[Tuple[int, ...], type]], kwargs: dict):
+             outputs: Dict[str, Tuple[Tuple[int, ...], type]], kwargs: dict,
+             timeout: float = float("inf")):
         with self._lock:
-            for attempt in (0, 1):
+            for attempt in range(RESTARTS + 1):
+                if attempt:  # every command is a pure function of its inputs: run it again
+                    time.sleep(RESTART_PAUSE * 2 ** (attempt - 1))
+                if self._closing:
+                    raise WorkerError(f"OpenCL device {self.name}: the process is exiting")
                 self._ensure()
+                self._budget = timeout
+                if cmd not in self._warm:  # process start, kernel builds
+                    self._budget += _seconds(START_TIMEOUT_VAR, self.env, DEFAULT_START_TIMEOUT)
+                until = time.monotonic() + self._budget
                 layout, total = {}, 0
                 for k, a in inputs.items():
                     layout[k] = total
@@ -333,17 +423,21 @@ class WorkerClient:
                         arena = self._arena_for(total)
                         if not self._attached:
                             self._raise(self._exchange(
-                                "attach", {"name": self._shm.name, "size": self._shm.size}))
+                                "attach", {"name": self._shm.name, "size": self._shm.size},
+                                until))
                             self._attached = True
                         for k, a in inputs.items():
                             dst = np.ndarray(a.shape, a.dtype, buffer=arena, offset=layout[k])
                             np.copyto(dst, a)
                         args = dict(kwargs, off=layout)
-                    reply = self._exchange(cmd, args)
+                    reply = self._exchange(cmd, args, until)
                 except _WorkerDied as exc:
-                    if attempt == 0:
-                        continue  # every command is a pure function of its inputs: retry once
-                    raise WorkerError(str(exc)) from None
+                    if attempt < RESTARTS:
+                        continue
+                    raise WorkerError(f"{exc} (it died {RESTARTS + 1} times in a row during "
+                                      "this request; the next call starts a fresh worker)") \
+                        from None
+                self._warm.add(cmd)
                 result = self._raise(reply)
                 outs = {}
                 for k, (shape, dtype) in outputs.items():
@@ -407,9 +501,17 @@ def stop_all() -> None:
         clients = list(_CLIENTS.values())
     for c in clients:
         try:
-            c.stop()
+            c.stop(wait=2.0)
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
 
 
-atexit.register(stop_all)
+def _at_exit() -> None:
+    with _CLIENTS_LOCK:
+        clients = list(_CLIENTS.values())
+    for c in clients:
+        c._closing = True  # a request that fails now does not start a fresh worker
+    stop_all()
+
+
+atexit.register(_at_exit)

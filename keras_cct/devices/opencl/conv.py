@@ -66,6 +66,11 @@ def _plan(x_shape, k_shape, strides, padding, dilation_rate, groups, lowering):
     return geom, g, lowering
 
 
+def _flops(geom: ConvGeometry, batch: int) -> float:
+    """Floating-point operations of one forward pass (for the request's default deadline)."""
+    return 2.0 * batch * geom.out_h * geom.out_w * geom.filters * geom.kh * geom.kw * geom.cg
+
+
 def _then(future: Future, fn: Callable) -> Future:
     """A future of ``fn(future.result())``."""
     out: Future = Future()
@@ -108,7 +113,8 @@ def conv2d_forward(device: str, x, kernel, bias=None, *, strides=1,
 
     Raises:
         LoweringError: inconsistent shapes or arguments. DeviceError: a dtype other than
-        float32. OpenCLError / WorkerError: the device failed.
+        float32. OpenCLError / WorkerError: the device failed. DeviceTimeoutError: it did not
+        answer within its deadline (``KERAS_CCT_DEVICE_TIMEOUT``).
     """
     x = _f32("x", x, "(the input)")
     kernel = _f32("kernel", kernel, "")
@@ -126,7 +132,7 @@ def conv2d_forward(device: str, x, kernel, bias=None, *, strides=1,
     else:
         future = _then(client_for(device).submit(
             "conv_forward", inputs, {"y": (out_shape, np.float32)}, g=g, lowering=lowering,
-            chunk_bytes=CHUNK_BYTES), lambda reply: reply[1]["y"])
+            chunk_bytes=CHUNK_BYTES, work=_flops(geom, g["N"])), lambda reply: reply[1]["y"])
     return future.result() if wait else future
 
 
@@ -160,7 +166,8 @@ def conv2d_backward(device: str, x, kernel, dy, *, strides=1, padding: PaddingAr
         outputs["db"] = ((geom.filters,), np.float32)
     future = _then(client_for(device).submit(
         "conv_backward", {"x": x, "w": kernel, "dy": dy}, outputs, g=g, lowering=lowering,
-        chunk_bytes=CHUNK_BYTES, min_rows=MIN_ROWS_BACKWARD),
+        chunk_bytes=CHUNK_BYTES, min_rows=MIN_ROWS_BACKWARD,
+        work=_flops(geom, g["N"]) * (2 if need_dx else 1)),
         lambda reply: (reply[1].get("dx"), reply[1]["dw"], reply[1].get("db")))
     return future.result() if wait else future
 
@@ -178,5 +185,6 @@ def sgemm(device: str, a, b, *, trans_a: bool = False) -> np.ndarray:
                             f"x {b.shape})")
     N = b.shape[1]
     _, outs = client_for(device).call("gemm", {"a": a, "b": b}, {"c": ((M, N), np.float32)},
-                                      M=int(M), N=int(N), K=int(K), trans_a=bool(trans_a))
+                                      M=int(M), N=int(N), K=int(K), trans_a=bool(trans_a),
+                                      work=2.0 * M * N * K)
     return outs["c"]
