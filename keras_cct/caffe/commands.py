@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Tuple
 
+from keras_cct._args import check_output_file
 from keras_cct._files import atomic_path
 from keras_cct.errors import CaffeFormatError
 
@@ -63,6 +64,7 @@ def _convert(args) -> int:
     if not out.endswith(".keras"):
         raise CaffeFormatError("the output must end in .keras", path=out,
                                hint="e.g. -o model.keras")
+    check_output_file(out, "-o")  # before the (long) import
     net = _import(args)
     with atomic_path(out, suffix=".keras") as tmp:
         net.model.save(tmp)

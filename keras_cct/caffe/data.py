@@ -507,31 +507,68 @@ def merge_batches(sources: Sequence[DataSource]) -> Iterator[Dict[str, np.ndarra
         yield out
 
 
+_PREFETCHERS = None  # a weakref.WeakSet of the running prefetchers, made on first use
+
+
+def stop_prefetchers(timeout: float = 2.0) -> None:
+    """Stop every running :func:`prefetch` thread and wait (up to ``timeout`` seconds in all)
+    for them to end. ``cct`` calls it when a command ends, and it runs at interpreter exit: a
+    reader thread left running would be frozen holding its library's lock (h5py's global lock,
+    LMDB's), and the interpreter's shutdown would wait for that lock forever."""
+    import time
+    if not _PREFETCHERS:
+        return
+    its = list(_PREFETCHERS)
+    for it in its:
+        it.close()
+    end = time.monotonic() + timeout
+    for it in its:
+        it.join(max(end - time.monotonic(), 0.0))
+
+
 def prefetch(iterator: Iterator, depth: int = 4) -> Iterator:
     """Run ``iterator`` in a background thread, ``depth`` items ahead (Caffe's prefetching
-    data layers); exceptions are re-raised in the consumer."""
+    data layers); exceptions are re-raised in the consumer. ``close()`` stops the thread
+    (after the item it is reading); :func:`stop_prefetchers` stops them all."""
+    import atexit
     import queue
     import threading
+    import weakref
 
+    global _PREFETCHERS
+    if _PREFETCHERS is None:
+        _PREFETCHERS = weakref.WeakSet()
+        atexit.register(stop_prefetchers)
     q: "queue.Queue" = queue.Queue(maxsize=max(depth, 1))
     stop = threading.Event()
     _END = object()
 
+    def put(entry) -> bool:
+        """Queue ``entry`` unless stopped first; whether it was queued."""
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def work():
         try:
             for item in iterator:
-                while not stop.is_set():
-                    try:
-                        q.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put((item, None)):
                     return
         except BaseException as exc:  # forwarded to the consumer
-            q.put((_END, exc))
+            put((_END, exc))
             return
-        q.put((_END, None))
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                try:
+                    close()  # a generator's files (h5py, LMDB) are closed in this thread
+                except Exception:
+                    pass
+        put((_END, None))
 
     thread = threading.Thread(target=work, daemon=True, name="cct-prefetch")
     thread.start()
@@ -551,7 +588,14 @@ def prefetch(iterator: Iterator, depth: int = 4) -> Iterator:
         def close(self):
             stop.set()
 
+        def join(self, timeout: Optional[float] = None) -> bool:
+            """Wait for the thread to end; whether it did."""
+            thread.join(timeout)
+            return not thread.is_alive()
+
         def __del__(self):
             stop.set()
 
-    return _It()
+    it = _It()
+    _PREFETCHERS.add(it)
+    return it

@@ -24,12 +24,10 @@ from typing import List, Optional
 
 import numpy as np
 
+from keras_cct._args import nonneg_int, positive_int
+from keras_cct.caffe.cli_args import device_names as _device_names
+from keras_cct.caffe.cli_args import parse_shapes as _parse_shapes
 from keras_cct.errors import DataError, KerasCCTError
-
-
-def _device_names(devices: Optional[str]) -> List[str]:
-    """``--devices a,b,c`` as a list of names (empty when not given)."""
-    return [d.strip() for d in (devices or "").split(",") if d.strip()]
 
 
 def _set_lowering_and_device(model, lowering: Optional[str], devices: Optional[str]) -> None:
@@ -41,13 +39,10 @@ def _set_lowering_and_device(model, lowering: Optional[str], devices: Optional[s
         return
     device = None
     if devices:
-        names = _device_names(devices)
-        if len(names) > 1:
-            raise KerasCCTError(
-                f"--devices {devices}: several devices are supported by `cct train` (a "
-                f"CCTStrategy splits each convolution's batch); this command runs one net on "
-                f"one device: give one name")
-        device = None if names[0] in ("cpu", "auto", "keras") else names[0]
+        from keras_cct.caffe.cli_args import check_one_device
+        check_one_device(devices)  # one name, of a device that exists
+        name = _device_names(devices)[0]
+        device = None if name in ("cpu", "auto", "keras") else name
     from keras_cct.lowering import check_lowering  # type: ignore[attr-defined]
     for layer in model.layers:
         if type(layer).__name__ != "HybridConv2D":
@@ -56,8 +51,6 @@ def _set_lowering_and_device(model, lowering: Optional[str], devices: Optional[s
             layer.lowering = check_lowering(lowering)
             getattr(layer, "_plans", {}).clear()
         if devices:
-            if device is not None:
-                layer._check_device(device)
             layer.device = device
 
 
@@ -83,19 +76,6 @@ def keras_conv_model(model):
         return keras.Sequential([keras.layers.ZeroPadding2D(pad), conv], name=layer.name)
 
     return keras.models.clone_model(model, clone_function=swap)
-
-
-def _parse_shapes(items) -> dict:
-    shapes = {}
-    for item in items or ():
-        name, _, dims = item.partition("=")
-        try:
-            shapes[name.strip()] = tuple(int(d) for d in dims.split(","))
-        except ValueError:
-            raise KerasCCTError(f"--input-shape {item!r}: expected NAME=N,C,H,W") from None
-        if not name.strip() or not shapes[name.strip()]:
-            raise KerasCCTError(f"--input-shape {item!r}: expected NAME=N,C,H,W")
-    return shapes
 
 
 def _parse_split(split: Optional[str], names: List[str]):
@@ -182,6 +162,9 @@ def _train(args: argparse.Namespace) -> int:
         raise KerasCCTError(f"--split {args.split} splits a batch across several --devices "
                             f"(e.g. --devices tf:cpu:0,opencl:0:0); give them or drop --split")
     split = _parse_split(args.split, names) if len(names) > 1 else None
+    if args.devices is not None and len(names) < 2:
+        from keras_cct.caffe.cli_args import check_one_device
+        check_one_device(args.devices)  # before the data readers start
     spec = _cluster_args(args)
     mwms, shares = None, None
     prefix = ""
@@ -203,6 +186,8 @@ def _train(args: argparse.Namespace) -> int:
     solver = load_solver(args.solver, weights=args.weights, progress=args.progress,
                          snapshot_prefix=args.snapshot_prefix, strategy=strategy, cluster=mwms,
                          shares=shares)
+    from keras_cct.caffe.cli_args import check_snapshot_folder
+    check_snapshot_folder(solver)
     one_device = args.devices if len(names) == 1 else None
     for m in [solver.train_model.net] + [t.net for t in solver.test_nets]:
         _set_lowering_and_device(m, args.lowering, one_device)
@@ -232,7 +217,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
+    from keras_cct.caffe.cli_args import check_one_device
     from keras_cct.caffe.train import build_phase_net, run_test
+    check_one_device(args.devices)
     model, sources, _ = build_phase_net(args.model, phase=args.phase,
                                         stages=args.stage or (), weights=args.weights)
     _set_lowering_and_device(model.net, args.lowering, args.devices)
@@ -316,27 +303,6 @@ def _block(x):
             keras.ops.convert_to_numpy(keras.ops.sum(t))
 
 
-def _check_source_batches(args: argparse.Namespace, shapes: dict) -> None:
-    """Without ``--random-data`` the data layers read batches of their own ``batch_size``: an
-    ``--input-shape`` of another batch for one of their tops cannot be fed (say so before
-    building)."""
-    if args.random_data or not shapes:
-        return
-    from keras_cct.caffe.builder import DATA_TYPES
-    from keras_cct.caffe.data import _layer_batch
-    from keras_cct.caffe.prototxt import filter_net, read_net
-    fp = filter_net(read_net(args.model), phase=args.phase, stages=list(args.stage or ()))
-    for lp in fp.layer:
-        if lp.type in DATA_TYPES:
-            bs = _layer_batch(lp)  # 0 for the layers that read no source
-            for top in lp.top:
-                if top in shapes and bs and shapes[top][0] != bs:
-                    raise KerasCCTError(
-                        f"--input-shape {top}={','.join(map(str, shapes[top]))}: the {lp.type} "
-                        f"layer '{lp.name}' reads batches of {bs} from its source; add "
-                        f"--random-data to time the net at batch {shapes[top][0]}")
-
-
 def time_model(model_path: str, *, phase: str = "TRAIN", stages=(), weights=None,
                batch=None, random_data: bool = False, input_shapes=None, lowering=None,
                devices=None, conv: str = "hybrid"):
@@ -365,8 +331,10 @@ def compile_for_timing(model) -> None:
 
 def _time(args: argparse.Namespace) -> int:
     import keras
+    from keras_cct.caffe.cli_args import check_one_device, check_time_shapes
     shapes = _parse_shapes(args.input_shape)
-    _check_source_batches(args, shapes)
+    check_time_shapes(args, shapes)
+    check_one_device(args.devices)
     model, batch = time_model(args.model, phase=args.phase, stages=args.stage or (),
                               weights=args.weights, batch=args.batch,
                               random_data=args.random_data, input_shapes=shapes,
@@ -439,32 +407,25 @@ def _time(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_npz(path: str):
-    try:
-        data = np.load(path)
-    except (OSError, ValueError) as exc:
-        raise DataError(f"cannot read the arrays: {exc}", path=path) from None
-    keys = set(data.files)
-    ik = next((k for k in ("images", "x", "data") if k in keys), None)
-    lk = next((k for k in ("labels", "y", "label") if k in keys), None)
-    if ik is None or lk is None:
-        raise DataError(f"the .npz must hold images ('images'/'x'/'data') and labels "
-                        f"('labels'/'y'/'label'); it has {sorted(keys)}", path=path)
-    return data[ik], data[lk]
-
-
 def _data(args: argparse.Namespace) -> int:
+    from keras_cct.caffe.cli_args import check_data_args, load_npz
     from keras_cct.caffe.lmdb_io import DatumReader, convert_imageset, write_arrays
+    check_data_args(args)
     src = args.source
     if os.path.isfile(src) and src.endswith(".npz"):
-        images, labels = _load_npz(src)
+        images, labels = load_npz(src)
         if args.gray and images.ndim == 4 and images.shape[-1] != 1:
             raise DataError("--gray applies to image files; the arrays are already decoded",
                             path=src)
         if args.resize_height or args.resize_width:
             import cv2
-            images = np.stack([cv2.resize(im, (args.resize_width, args.resize_height))
-                               for im in images])
+            try:
+                images = np.stack([cv2.resize(im, (args.resize_width, args.resize_height))
+                                   for im in images])
+            except cv2.error as exc:
+                raise DataError(f"OpenCV cannot resize these {images.dtype} images "
+                                f"({str(exc).strip().splitlines()[-1]})", path=src,
+                                hint="store uint8 or float32 images") from None
         order = np.arange(len(images))
         if args.shuffle:
             np.random.default_rng(args.seed).shuffle(order)
@@ -530,7 +491,7 @@ def register(subparsers) -> None:
     p.add_argument("--workers", metavar="HOST:PORT,...",
                    help="train data-parallel with these worker processes (every worker's "
                         "address, the same list on every worker; TensorFlow backend)")
-    p.add_argument("--worker-index", dest="worker_index", type=int, metavar="I",
+    p.add_argument("--worker-index", dest="worker_index", type=nonneg_int, metavar="I",
                    help="this worker's position in --workers, from 0 (worker 0 runs the "
                         "test nets)")
     p.add_argument("--worker-shares", dest="worker_shares", help=argparse.SUPPRESS)
@@ -539,7 +500,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("test", help="score a trained Caffe net (like `caffe test`)")
     p.add_argument("--model", required=True, help="the net .prototxt (with data layers)")
     p.add_argument("--weights", required=True, help="the trained .caffemodel")
-    p.add_argument("--iterations", type=int, default=50, help="batches to run (default 50)")
+    p.add_argument("--iterations", type=positive_int, default=50,
+                   help="batches to run (default 50)")
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
     p.add_argument("--stage", action="append", help="a net stage (repeatable)")
     _add_device_args(p)
@@ -549,10 +511,11 @@ def register(subparsers) -> None:
                                            "(like `caffe time`)")
     p.add_argument("--model", required=True, help="the net .prototxt")
     p.add_argument("--weights", help="a .caffemodel (optional)")
-    p.add_argument("--iterations", type=int, default=50, help="repetitions (default 50)")
+    p.add_argument("--iterations", type=positive_int, default=50,
+                   help="repetitions (default 50)")
     p.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
     p.add_argument("--stage", action="append", help="a net stage (repeatable)")
-    p.add_argument("--batch", type=int, help="batch size for inputs without a data layer")
+    p.add_argument("--batch", type=positive_int, help="batch size for inputs without a data layer")
     p.add_argument("--random-data", dest="random_data", action="store_true",
                    help="feed random arrays instead of reading the data layers' sources")
     p.add_argument("--input-shape", dest="input_shape", action="append", metavar="NAME=N,C,H,W",
@@ -571,11 +534,13 @@ def register(subparsers) -> None:
                                   "or a .npz of arrays (images/x and labels/y)")
     p.add_argument("db", help="the LMDB folder to create")
     p.add_argument("--list", help="a list file of 'path label' lines, relative to SOURCE")
-    p.add_argument("--resize-height", dest="resize_height", type=int, default=0)
-    p.add_argument("--resize-width", dest="resize_width", type=int, default=0)
+    p.add_argument("--resize-height", dest="resize_height", type=nonneg_int, default=0,
+                   help="resize every image to this height (with --resize-width; 0: keep)")
+    p.add_argument("--resize-width", dest="resize_width", type=nonneg_int, default=0,
+                   help="resize every image to this width (with --resize-height; 0: keep)")
     p.add_argument("--gray", action="store_true", help="load images as gray")
     p.add_argument("--shuffle", action="store_true", help="shuffle the records")
-    p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="shuffle seed")
     p.add_argument("--encode", default="", choices=["", "png", "jpg"],
                    help="store encoded images instead of raw pixels")
     p.add_argument("--check-size", dest="check_size", action="store_true",

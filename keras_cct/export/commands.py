@@ -6,7 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from keras_cct._args import check_output_file, positive_int
 from keras_cct.errors import ExportError
+
+#: ONNX opsets tf2onnx converts to (7: its oldest handlers; the newest comes from tf2onnx).
+MIN_OPSET = 7
 
 
 def register(subparsers) -> None:
@@ -26,7 +30,7 @@ def register(subparsers) -> None:
                    help="the ONNX file to write (atomically: nothing is left on failure)")
     p.add_argument("--opset", type=int, default=None,
                    help="ONNX opset (default: tf2onnx's default, 15 for tf2onnx 1.17)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help="fix the batch dimension (default: dynamic)")
     p.set_defaults(func=run)
 
@@ -74,11 +78,24 @@ def load_model_file(path: str, weights: str | None = None):
                           f"{exc}") from exc
 
 
+def _check_opset(opset: int) -> None:
+    """``--opset`` is one tf2onnx converts to."""
+    from tf2onnx import constants
+    newest = max(constants.OPSET_TO_IR_VERSION)
+    if not MIN_OPSET <= opset <= newest:
+        raise ExportError(f"--opset {opset}: tf2onnx converts to opsets {MIN_OPSET} to "
+                          f"{newest}; give one of those (or leave --opset out for "
+                          f"{constants.PREFERRED_OPSET})")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``cct export``."""
     from keras_cct.export.onnx_export import _require_tensorflow, export_onnx
 
     _require_tensorflow()  # before loading: a clear message instead of a backend error
+    if args.opset is not None:
+        _check_opset(args.opset)
+    check_output_file(args.output, "-o")
     model = load_model_file(args.model, args.weights)
     out = export_onnx(model, args.output, opset=args.opset, batch_size=args.batch_size)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
