@@ -33,6 +33,7 @@ import keras
 from keras import ops
 
 from keras_cct.lowering import _backend
+from keras_cct.layers._norm import normalize_batch, normalize_with
 
 _PKG = "keras_cct"
 
@@ -355,12 +356,13 @@ class CaffeBatchNorm(keras.layers.Layer):
 
     def build(self, input_shape):
         c = int(input_shape[-1])
+        # Statistics stay float32 under a mixed policy (not autocast): they accumulate.
         self.mean = self.add_weight(name="mean", shape=(c,), initializer="zeros",
-                                    trainable=False)
+                                    trainable=False, autocast=False)
         self.variance = self.add_weight(name="variance", shape=(c,), initializer="zeros",
-                                        trainable=False)
+                                        trainable=False, autocast=False)
         self.scale_factor = self.add_weight(name="scale_factor", shape=(1,),
-                                            initializer="zeros", trainable=False)
+                                            initializer="zeros", trainable=False, autocast=False)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -372,21 +374,14 @@ class CaffeBatchNorm(keras.layers.Layer):
         if use_global:
             s = self.scale_factor[0]
             inv = ops.where(ops.equal(s, 0.0), ops.zeros_like(s), 1.0 / s)
-            mean = self.mean * inv
-            var = self.variance * inv
-        else:
-            axes = list(range(len(x.shape) - 1))
-            mean = ops.mean(x, axis=axes)
-            var = ops.mean(ops.square(x - mean), axis=axes)
-            if training:
-                m = ops.cast(ops.size(x) // int(x.shape[-1]), x.dtype)
-                bias_corr = ops.where(m > 1, m / ops.maximum(m - 1, 1.0), ops.ones_like(m))
-                maf = self.moving_average_fraction
-                self.scale_factor.assign(self.scale_factor * maf + 1.0)
-                self.mean.assign(self.mean * maf + ops.stop_gradient(mean))
-                self.variance.assign(self.variance * maf
-                                     + ops.stop_gradient(var) * bias_corr)
-        return (x - mean) / ops.sqrt(var + self.eps)
+            return normalize_with(x, self.mean * inv, self.variance * inv, self.eps)
+        y, mean, unbiased_var = normalize_batch(x, self.eps)
+        if training:
+            maf = self.moving_average_fraction
+            self.scale_factor.assign(self.scale_factor * maf + 1.0)
+            self.mean.assign(self.mean * maf + mean)
+            self.variance.assign(self.variance * maf + unbiased_var)
+        return y
 
     def get_config(self):
         cfg = super().get_config()

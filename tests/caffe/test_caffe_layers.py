@@ -247,6 +247,29 @@ def test_batch_norm_inference_and_caffe_training_update():
     assert rel_err(new_var, 0.9 * var * s + bv * m / (m - 1)) < 1e-5
 
 
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 5), (1, 3, 1, 1)])
+def test_batch_norm_batch_statistics_gradient_against_float64(shape):
+    """The backend's fused batch normalization (batch statistics) and its gradient, against
+    Caffe's formula in float64; one value per channel normalizes to 0 and adds no variance."""
+    x = RNG.standard_normal(shape) * 3 + 2
+    dy = RNG.standard_normal(shape)
+    axes = tuple(a for a in range(len(shape)) if a != 1)
+    mean, var = x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
+    xhat = (x - mean) / np.sqrt(var + 1e-5)
+    dx = (dy - dy.mean(axis=axes, keepdims=True)
+          - xhat * (dy * xhat).mean(axis=axes, keepdims=True)) / np.sqrt(var + 1e-5)
+    y, gx = _run_grad(cl.CaffeBatchNorm(1e-5, use_global_stats=False), x, dy)
+    assert rel_err(y, xhat) < 1e-5 or np.abs(y - xhat).max() < 1e-5
+    assert np.abs(gx - dx).max() < 1e-4 * max(1.0, np.abs(dx).max())
+    layer = cl.CaffeBatchNorm(1e-5, moving_average_fraction=0.5)
+    xin = cl.from_caffe_layout(x.astype("f"))
+    layer(xin, training=True)
+    m = x.size // shape[1]
+    bv = var.reshape(-1) * (m / (m - 1) if m > 1 else 0.0)
+    assert np.abs(layer.get_weights()[1] - bv).max() < 1e-4 * max(1.0, np.abs(bv).max())
+    assert np.isfinite(layer.get_weights()[1]).all()
+
+
 def test_scale_and_bias_axes():
     x = RNG.standard_normal((2, 3, 4, 5))
     # per channel with bias
