@@ -47,7 +47,26 @@ def canonical_solver_type(name: str, *, path: Optional[str] = None) -> str:
 def caffe_learning_rate(policy: str, it: int, *, base_lr: float, gamma: float = 0.0,
                         power: float = 0.0, stepsize: int = 0, stepvalue: Sequence[int] = (),
                         max_iter: int = 0, path: Optional[str] = None) -> float:
-    """Caffe's ``SGDSolver::GetLearningRate`` at iteration ``it`` (float64, then float32)."""
+    """Caffe's ``SGDSolver::GetLearningRate`` at iteration ``it`` (float64, then float32).
+
+    Raises:
+        CaffeFormatError: an unknown policy, a missing stepsize/max_iter, or a rate that is not
+            a real number at ``it`` (``gamma``/``power`` so large that it overflows)."""
+    try:
+        return _learning_rate(policy, it, base_lr=base_lr, gamma=gamma, power=power,
+                              stepsize=stepsize, stepvalue=stepvalue, max_iter=max_iter,
+                              path=path)
+    except (OverflowError, ValueError, ZeroDivisionError) as exc:
+        if isinstance(exc, CaffeFormatError):
+            raise
+        raise CaffeFormatError(f"lr_policy {policy!r}: the learning rate at iteration {it} is "
+                               f"not a number ({exc})", path=path,
+                               hint="check base_lr, gamma and power") from None
+
+
+def _learning_rate(policy: str, it: int, *, base_lr: float, gamma: float, power: float,
+                   stepsize: int, stepvalue: Sequence[int], max_iter: int,
+                   path: Optional[str]) -> float:
     if policy == "fixed":
         rate = base_lr
     elif policy == "step":
@@ -431,11 +450,14 @@ def solver_config(param, *, path: Optional[str] = None,
         raise CaffeFormatError(f"unknown lr_policy {policy!r}", path=path,
                                hint=f"use one of {', '.join(LR_POLICIES)}")
     try:
-        caffe_learning_rate(policy, 0, base_lr=param.base_lr, gamma=param.gamma,
-                            power=param.power, stepsize=param.stepsize,
-                            stepvalue=list(param.stepvalue), max_iter=param.max_iter)
+        for it in (0, max(int(param.max_iter), 0)):  # the first and the last iteration
+            caffe_learning_rate(policy, it, base_lr=param.base_lr, gamma=param.gamma,
+                                power=param.power, stepsize=param.stepsize,
+                                stepvalue=list(param.stepvalue), max_iter=param.max_iter)
     except CaffeFormatError as exc:
-        raise CaffeFormatError(exc.message, path=path, hint=exc.hint) from None
+        raise CaffeFormatError(exc.message, path=path, hint=exc.hint,
+                               line=(list((lines or {}).get("lr_policy", [])) or [None])[0]
+                               ) from None
     if solver_type in ("AdaGrad", "RMSProp") and param.momentum != 0:
         raise CaffeFormatError(f"momentum cannot be used with {solver_type}", path=path,
                                hint="remove `momentum` (Caffe refuses it too)")

@@ -328,3 +328,10 @@ def test_truncated_protobufs(tmp_path, kind):
     bad = tmp_path / f"trunc.{kind}"
     bad.write_bytes(data[:len(data) - 3])
     _raises(lambda: read(bad), str(bad))
+
+
+def test_learning_rate_that_overflows_is_refused(tmp_path):
+    path = _ip_solver(tmp_path, 'base_lr: 0.1\nlr_policy: "inv"\ngamma: 0.0001\n'
+                                'power: -2147483648\nmax_iter: 10000')
+    err = _raises(lambda: read_solver(path), f"{path}:4:", "lr_policy 'inv'", "iteration 10000")
+    assert err.line == 4
