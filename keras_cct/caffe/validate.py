@@ -13,8 +13,8 @@
 * :func:`remove_stale_temps` -- temporary snapshot files a killed run left behind.
 
 The memory bound is ``KERAS_CCT_CAFFE_MAX_BYTES`` (bytes) when set, else a quarter of the
-machine's physical memory: one weight or blob larger than that, or a net whose weights together
-need more than twice that, is refused with the bytes it would need.
+machine's physical memory: a blob larger than that, or a net whose weights together need more,
+is refused with the bytes it would need (Caffe itself caps a blob at 2**31 - 1 values).
 """
 
 from __future__ import annotations
@@ -170,9 +170,9 @@ def _param_bytes(ctx, what: str, count: int) -> None:
                         "KERAS_CCT_CAFFE_MAX_BYTES, default a quarter of the memory)")
     total = getattr(ctx, "_validate_param_bytes", 0) + need
     ctx._validate_param_bytes = total
-    if total > 2 * limit:
+    if total > limit:
         raise ctx.error(f"the weights up to this layer would need {_gib(total)}, more than "
-                        f"the {_gib(2 * limit)} allowed",
+                        f"the {_gib(limit)} allowed",
                         hint="check num_output and the input size")
 
 

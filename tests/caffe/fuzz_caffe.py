@@ -22,9 +22,15 @@ Each input is read the way a user reads it:
 * solver -- ``read_solver`` (its ``net:`` pointed at the shared train/test net), then the
   learning rate at ``max_iter``.
 
+The runs set ``KERAS_CCT_CAFFE_MAX_BYTES`` to 768 MiB (``FUZZ_MAX_BYTES``), so that what
+the validation lets through can be built within the 2 GiB the run watches for; with the
+default bound (a quarter of the machine's memory) a fuzzed LeNet asking for 3 GiB of weights
+is, rightly, built.
+
 Outcomes: ``typed`` (a :class:`~keras_cct.errors.KerasCCTError`), ``loaded``, ``untyped`` (any
 other exception), ``hang`` (over ``time_limit`` seconds, by ``SIGALRM``), ``alloc`` (the
-process's peak RSS grew by more than ``alloc_limit`` bytes during the input).
+resident memory, sampled every 10 ms, rose more than ``alloc_limit`` bytes above its level at
+the start of the input).
 
 Run ``python -m tests.caffe.fuzz_caffe --long`` for thousands of inputs (every prototxt built).
 """
@@ -55,6 +61,9 @@ ZERO_TEXT = ["0", "-1", "-2147483648", "0.0", "-0.5", "nan"]
 _NUM = re.compile(rb"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.])")
 
 BUILD_OPTIONS = {"planner": "model"}
+#: the memory bound of the fuzz runs: a net's weights together (and any one blob) under it, so
+#: that building one (initial values drawn, one layer's temporary) stays under 2 GiB of growth
+FUZZ_MAX_BYTES = 768 << 20
 TINY_IP_NET = """name: "tiny_ip"
 layer { name: "feed" type: "MemoryData" top: "data" top: "target"
         memory_data_param { batch_size: 4 } }
@@ -81,6 +90,7 @@ class Report:
     counts: Dict[str, Dict[str, int]] = field(default_factory=dict)
     failures: List[str] = field(default_factory=list)
     seconds: float = 0.0
+    max_bytes: int = 0
 
     def add(self, kind: str, outcome: str) -> None:
         c = self.counts.setdefault(kind, {k: 0 for k in ("typed", "loaded", "untyped", "hang",
@@ -100,7 +110,7 @@ class Report:
         rows.append(f"{'total':<12} {n:>7} {self.total('typed'):>7} {self.total('loaded'):>7} "
                     f"{self.total('untyped'):>8} {self.total('hang'):>11} "
                     f"{self.total('alloc'):>11}")
-        rows.append(f"({self.seconds:.0f} s)")
+        rows.append(f"({self.seconds:.0f} s; KERAS_CCT_CAFFE_MAX_BYTES={self.max_bytes})")
         return "\n".join(rows + self.failures[:20])
 
 
@@ -363,6 +373,43 @@ def _maxrss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def _rss() -> Optional[int]:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _RSSWatch:
+    """The peak resident memory while a case runs, sampled every 10 ms by a thread (the
+    process's ``ru_maxrss`` when /proc is absent: it only shows a new all-time peak)."""
+
+    def __init__(self) -> None:
+        import threading
+        self.start = _rss()
+        self.peak = self.start or 0
+        self._stop = threading.Event()
+        self._thread = None
+        if self.start is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        else:
+            self._maxrss0 = _maxrss()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, _rss() or 0)
+
+    def growth(self) -> int:
+        self._stop.set()
+        if self._thread is None:
+            return _maxrss() - self._maxrss0
+        self._thread.join()
+        self.peak = max(self.peak, _rss() or 0)
+        return self.peak - self.start
+
+
 def _on_alarm(signum, frame):
     raise _Timeout()
 
@@ -372,7 +419,7 @@ def run_one(seed: Seed, data: bytes, path: Path, *, time_limit: float, alloc_lim
     """(outcome, detail) of reading ``data`` the way ``seed`` says."""
     from keras_cct.errors import KerasCCTError
     path.write_bytes(data)
-    before = _maxrss()
+    watch = _RSSWatch()
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, time_limit)
     outcome, detail = "loaded", ""
@@ -389,7 +436,7 @@ def run_one(seed: Seed, data: bytes, path: Path, *, time_limit: float, alloc_lim
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    grew = _maxrss() - before
+    grew = watch.growth()
     if grew > alloc_limit:
         outcome, detail = "alloc", f"peak memory grew by {grew / (1 << 30):.2f} GiB"
     return outcome, detail
@@ -397,8 +444,26 @@ def run_one(seed: Seed, data: bytes, path: Path, *, time_limit: float, alloc_lim
 
 def fuzz(per_kind: int = 200, *, seed: int = 0, long: bool = False, build_every: int = 4,
          kinds=KINDS, time_limit: float = 10.0, alloc_limit: int = 2 << 30,
-         work: Optional[Path] = None, log: Callable[[str], None] = lambda s: None) -> Report:
-    """Run ``per_kind`` mutated inputs of each file kind (spread over its seeds)."""
+         work: Optional[Path] = None, max_bytes: int = FUZZ_MAX_BYTES,
+         log: Callable[[str], None] = lambda s: None) -> Report:
+    """Run ``per_kind`` mutated inputs of each file kind (spread over its seeds), with
+    ``KERAS_CCT_CAFFE_MAX_BYTES`` set to ``max_bytes`` meanwhile."""
+    old = os.environ.get("KERAS_CCT_CAFFE_MAX_BYTES")
+    os.environ["KERAS_CCT_CAFFE_MAX_BYTES"] = str(int(max_bytes))
+    try:
+        report = _fuzz(per_kind, seed=seed, long=long, build_every=build_every, kinds=kinds,
+                       time_limit=time_limit, alloc_limit=alloc_limit, work=work, log=log)
+        report.max_bytes = int(max_bytes)
+        return report
+    finally:
+        if old is None:
+            os.environ.pop("KERAS_CCT_CAFFE_MAX_BYTES", None)
+        else:
+            os.environ["KERAS_CCT_CAFFE_MAX_BYTES"] = old
+
+
+def _fuzz(per_kind, *, seed, long, build_every, kinds, time_limit, alloc_limit, work, log
+          ) -> Report:
     from keras_cct.caffe.prototxt import proto
     classes = {"caffemodel": proto.NetParameter, "solverstate": proto.SolverState,
                "binaryproto": proto.BlobProto}
@@ -443,11 +508,14 @@ def main(argv=None) -> int:
                     help="inputs per file kind (default 200, --long 1500)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per input")
+    ap.add_argument("--max-bytes", type=int, default=FUZZ_MAX_BYTES,
+                    help="KERAS_CCT_CAFFE_MAX_BYTES for the run (default 768 MiB)")
     args = ap.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     per_kind = args.per_kind or (1500 if args.long else 200)
     report = fuzz(per_kind, seed=args.seed, long=args.long,
                   build_every=1 if args.long else 4, time_limit=args.time_limit,
+                  max_bytes=args.max_bytes,
                   log=lambda line: print(line, file=sys.stderr, flush=True))
     print(report.text())
     bad = report.total("untyped") + report.total("hang") + report.total("alloc")

@@ -41,3 +41,34 @@ def test_mutations_are_seeded_and_varied():
     assert len(outs) > 30 and data not in outs
     assert any(b"999999999" in o or b"4294967296" in o for o in outs)
     assert any(len(o) < len(data) for o in outs)
+
+
+def test_detectors_see_untyped_errors_hangs_and_allocations(tmp_path):
+    """The fuzzer's outcomes can fail: a bare exception, a hang and a large allocation are
+    each reported as such."""
+    import time
+
+    import numpy as np
+
+    from keras_cct.errors import CaffeFormatError
+
+    def run(check, **kw):
+        seed = fuzz_caffe.Seed("x", "x", b"", check)
+        kw = {"time_limit": 2.0, "alloc_limit": 2 << 30, **kw}
+        return fuzz_caffe.run_one(seed, b"data", tmp_path / "f", **kw)[0]
+
+    def typed(path):
+        raise CaffeFormatError("bad", path=path)
+
+    def bare(path):
+        raise ValueError("bad")
+
+    def big(path):
+        a = np.ones(48 << 20)  # 384 MiB, touched
+        assert a.sum() > 0
+    assert run(lambda path: None) == "loaded"
+    assert run(typed) == "typed"
+    assert run(bare) == "untyped"
+    assert run(lambda path: time.sleep(5), time_limit=0.3) == "hang"
+    assert run(big, alloc_limit=128 << 20) == "alloc"
+    assert run(big) == "loaded"
