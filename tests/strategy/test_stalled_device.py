@@ -89,3 +89,51 @@ def test_stalled_only_device_raises_the_typed_error_from_fit(opencl, monkeypatch
     assert isinstance(cause, tf.errors.UnknownError) and "DeviceTimeoutError" in str(cause)
     assert _gone(stop.pid)
     assert np.all(s.active)  # the only device is kept: the next step starts a fresh worker
+
+
+def test_worker_killed_again_while_it_restarts_is_survived(opencl):
+    """The worker is SIGKILLed after a step, and each worker started to replace it is killed as
+    soon as it appears (during its start and attach), twice: the client restarts it a third
+    time within the same request, so the device is not dropped and nothing changes."""
+    import threading
+    import warnings
+
+    from keras_cct.devices.opencl.client import client_for
+    x, y = _data(24)
+    s = CCTStrategy(["tf:cpu:0", "opencl:0:0"], split=[0.6, 0.4], rebalance=False)
+    model, baseline = _model(s), _model()
+    baseline.set_weights(model.get_weights())
+    client = client_for("opencl:0:0")
+    killed = []
+
+    def kill_replacements(first):
+        end = time.monotonic() + 20
+        while len(killed) < 3 and time.monotonic() < end:
+            pid = client.pid
+            if pid is not None and pid not in killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.0005)
+
+    class Kill(keras.callbacks.Callback):
+        thread = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                first = client.pid
+                os.kill(first, signal.SIGKILL)
+                killed.append(first)
+                self.thread = threading.Thread(target=kill_replacements, args=(first,))
+                self.thread.start()
+
+    kill = Kill()
+    starts = client.starts
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeviceDroppedWarning)
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[kill])
+    kill.thread.join()
+    baseline.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    _assert_same_weights(model, baseline)
+    assert len(killed) == 3 and client.starts >= starts + 3, (killed, client.starts - starts)
+    assert np.all(s.active)
+    assert all(r["images"] > 0 for r in s.report() if r["device"] == "opencl:0:0")
