@@ -216,24 +216,29 @@ class WorkerClient:
             self._stderr = None
         self._attached = False
 
-    def stop(self, wait: float = 5.0) -> None:
-        """Ask the worker to exit (kill it if it does not within ``wait`` seconds) and free the
-        arena. If a request is running (on a stalled device, say) and does not end within
-        ``wait``, the worker is killed and that request fails."""
+    def stop(self, wait: Optional[float] = None) -> None:
+        """Ask the worker to exit (kill it if it does not) and free the arena.
+
+        Args:
+            wait: seconds to wait for a request that is running (it ends by its deadline at
+                the latest); past them the worker is killed, and that request fails or is
+                retried on a fresh worker. None: wait for it (the exit handler waits 2 s).
+        """
         if self._pid_owner != os.getpid():
             return
-        if not self._lock.acquire(timeout=wait):
+        if not self._lock.acquire(timeout=-1 if wait is None else wait):
             proc = self._proc
             if proc is not None and proc.poll() is None:
-                proc.kill()  # the device thread sees the death and drops it
+                proc.kill()  # the device thread sees the death
             return
+        grace = 5.0 if wait is None else min(wait, 2.0)
         try:
             if self._conn is not None and self._proc is not None and self._proc.poll() is None:
                 try:
                     self._conn.send(("exit", {}))
-                    if self._conn.poll(min(wait, 2.0)):
+                    if self._conn.poll(grace):
                         self._conn.recv()
-                    self._proc.wait(timeout=min(wait, 2.0))
+                    self._proc.wait(timeout=grace)
                 except (OSError, EOFError, subprocess.TimeoutExpired):
                     pass
             self._drop()
@@ -495,13 +500,14 @@ def client_for(name: Optional[str], env: Optional[Mapping[str, str]] = None) -> 
     return client
 
 
-def stop_all() -> None:
-    """Stop every worker this process started (also run at interpreter exit)."""
+def stop_all(wait: Optional[float] = None) -> None:
+    """Stop every worker this process started (also run at interpreter exit, waiting at most
+    ``wait`` = 2 s per device for a running request: see :meth:`WorkerClient.stop`)."""
     with _CLIENTS_LOCK:
         clients = list(_CLIENTS.values())
     for c in clients:
         try:
-            c.stop(wait=2.0)
+            c.stop(wait=wait)
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
 
@@ -511,7 +517,7 @@ def _at_exit() -> None:
         clients = list(_CLIENTS.values())
     for c in clients:
         c._closing = True  # a request that fails now does not start a fresh worker
-    stop_all()
+    stop_all(wait=2.0)
 
 
 atexit.register(_at_exit)
