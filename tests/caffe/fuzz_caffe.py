@@ -73,6 +73,10 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "l
 """
 
 
+#: prototxt inputs that parsed and went on to import_net (during the current run)
+STATS = {"built": 0}
+
+
 class _Timeout(BaseException):
     """Raised by SIGALRM; a BaseException so that no ``except Exception`` swallows it."""
 
@@ -91,6 +95,7 @@ class Report:
     failures: List[str] = field(default_factory=list)
     seconds: float = 0.0
     max_bytes: int = 0
+    built: int = 0
 
     def add(self, kind: str, outcome: str) -> None:
         c = self.counts.setdefault(kind, {k: 0 for k in ("typed", "loaded", "untyped", "hang",
@@ -110,6 +115,8 @@ class Report:
         rows.append(f"{'total':<12} {n:>7} {self.total('typed'):>7} {self.total('loaded'):>7} "
                     f"{self.total('untyped'):>8} {self.total('hang'):>11} "
                     f"{self.total('alloc'):>11}")
+        if self.built:
+            rows.append(f"prototxt inputs that parsed and were built: {self.built}")
         rows.append(f"({self.seconds:.0f} s; KERAS_CCT_CAFFE_MAX_BYTES={self.max_bytes})")
         return "\n".join(rows + self.failures[:20])
 
@@ -276,6 +283,7 @@ def make_seeds(work: Path, *, long: bool = False, kinds=KINDS) -> List[Seed]:
             if counter["n"] % build_every == 0:
                 if counter["n"] % 50 == 0:
                     keras.backend.clear_session()
+                STATS["built"] += 1
                 import_net(path, conv_options=BUILD_OPTIONS)
         for n in names:
             seeds.append(Seed("prototxt", n, (SHARED / n).read_bytes(), check_prototxt))
@@ -450,10 +458,12 @@ def fuzz(per_kind: int = 200, *, seed: int = 0, long: bool = False, build_every:
     ``KERAS_CCT_CAFFE_MAX_BYTES`` set to ``max_bytes`` meanwhile."""
     old = os.environ.get("KERAS_CCT_CAFFE_MAX_BYTES")
     os.environ["KERAS_CCT_CAFFE_MAX_BYTES"] = str(int(max_bytes))
+    STATS["built"] = 0
     try:
         report = _fuzz(per_kind, seed=seed, long=long, build_every=build_every, kinds=kinds,
                        time_limit=time_limit, alloc_limit=alloc_limit, work=work, log=log)
         report.max_bytes = int(max_bytes)
+        report.built = STATS["built"]
         return report
     finally:
         if old is None:
@@ -505,14 +515,14 @@ def main(argv=None) -> int:
     ap.add_argument("--long", action="store_true",
                     help="thousands of inputs, more seeds, every prototxt built")
     ap.add_argument("--per-kind", type=int, default=None,
-                    help="inputs per file kind (default 200, --long 1500)")
+                    help="inputs per file kind (default 200, --long 3000)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per input")
     ap.add_argument("--max-bytes", type=int, default=FUZZ_MAX_BYTES,
                     help="KERAS_CCT_CAFFE_MAX_BYTES for the run (default 768 MiB)")
     args = ap.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    per_kind = args.per_kind or (1500 if args.long else 200)
+    per_kind = args.per_kind or (3000 if args.long else 200)
     report = fuzz(per_kind, seed=args.seed, long=args.long,
                   build_every=1 if args.long else 4, time_limit=args.time_limit,
                   max_bytes=args.max_bytes,
