@@ -33,11 +33,16 @@ _INSTALLED = set()
 
 
 def remember(exc: BaseException) -> BaseException:
-    """Keep ``exc`` (when it is a keras_cct error) so that a boundary can re-raise it; returns
-    it, for ``raise remember(exc)``."""
+    """Keep a copy of ``exc`` (when it is a keras_cct error) so that a boundary can re-raise
+    it; returns ``exc``, for ``raise remember(exc)``. The copy has no traceback, so it keeps no
+    frame (and no array of the failed request) alive."""
     if isinstance(exc, KerasCCTError) and str(exc):
+        try:
+            kept = copy.copy(exc)
+        except Exception:  # noqa: BLE001 - an error that cannot be copied is not kept
+            return exc
         with _LOCK:
-            _RECENT.append(exc)
+            _RECENT.append(kept)
     return exc
 
 
@@ -49,12 +54,7 @@ def typed(exc: BaseException) -> Optional[KerasCCTError]:
     text = str(exc) + "\n" + str(getattr(exc, "message", ""))
     with _LOCK:
         found = next((e for e in reversed(_RECENT) if str(e) in text), None)
-    if found is None:
-        return None
-    try:
-        return copy.copy(found)
-    except Exception:  # noqa: BLE001 - an error that cannot be copied: raise it as it is
-        return found
+    return None if found is None else copy.copy(found)
 
 
 def reraise_typed(exc: BaseException) -> None:
