@@ -17,10 +17,6 @@ from typing import Optional
 from keras_cct.errors import KerasCCTError
 
 
-#: The parts ``--parts`` may name.
-PARTS = ("batching", "lowering", "planner", "hybrid", "flops", "nets", "convs")
-
-
 class BenchmarksNotFoundError(KerasCCTError, FileNotFoundError):
     """The ``benchmarks/`` folder of the source checkout is not next to the package."""
 
@@ -47,11 +43,6 @@ def benchmarks_root(package_dir: Optional[Path] = None) -> Path:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run ``python -m benchmarks`` with the parsed options; returns its exit status."""
-    if args.parts:
-        bad = [p for p in args.parts.split(",") if p.strip() not in PARTS]
-        if bad:
-            raise KerasCCTError(f"--parts {args.parts}: unknown part(s) {', '.join(bad)}; "
-                                f"choose from {', '.join(PARTS)}")
     if args.out is not None:
         from keras_cct._args import check_output_dir
         check_output_dir(args.out, "--out")

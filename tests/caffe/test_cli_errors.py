@@ -166,7 +166,7 @@ def test_bad_counts_exit_2_with_one_line(work, capsys, argv, needle):
      ["--mean afile/mean.binaryproto"]),
     (["data", "ok.npz", "db", "--resize-height", "5"], ["--resize-width 0", "both"]),
     (["data", "missing.npz", "db"], ["missing.npz", "not found"]),
-    (["bench", "--parts", "nets,bogus"], ["--parts", "bogus"]),
+    (["bench", "--out", "afile/results"], ["--out afile/results", "not a folder"]),
 ], ids=_id)
 def test_bad_arguments_are_one_typed_line(work, capsys, argv, needles):
     rc = main(argv)
