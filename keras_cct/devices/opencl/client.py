@@ -439,9 +439,10 @@ class WorkerClient:
                 except _WorkerDied as exc:
                     if attempt < RESTARTS:
                         continue
-                    raise WorkerError(f"{exc} (it died {RESTARTS + 1} times in a row during "
-                                      "this request; the next call starts a fresh worker)") \
-                        from None
+                    raise WorkerError(
+                        f"{exc} (it died {RESTARTS + 1} times in a row during this request; the "
+                        "next call starts a fresh worker. If it keeps dying, check the device "
+                        "with `cct devices` or compute on another one)") from None
                 self._warm.add(cmd)
                 result = self._raise(reply)
                 outs = {}
