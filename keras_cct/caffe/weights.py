@@ -235,33 +235,51 @@ def _is_hdf5(path: str) -> bool:
         return False
 
 
+_H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)  # h5py on a bad file
+
+
+def _h5_array(ds, path: str, layer: str) -> np.ndarray:
+    try:
+        return np.asarray(ds, dtype=np.float32)
+    except _H5_ERRORS as exc:
+        raise CaffeFormatError(f"cannot read blob {ds.name}: {exc}", path=path, layer=layer,
+                               hint="the HDF5 file is truncated or corrupt") from None
+
+
+def _hdf5_entries(path: str) -> Dict[str, tuple]:
+    """The entries of :func:`_weight_source` for Caffe's HDF5 weights (/data/<layer>/<i>);
+    whatever h5py raises on a corrupt file is a CaffeFormatError."""
+    import h5py
+    entries: Dict[str, tuple] = {}
+
+    def visit(name, obj):
+        if not isinstance(obj, h5py.Group):
+            return
+        keys = [k for k in obj.keys() if isinstance(obj[k], h5py.Dataset)]
+        if keys:
+            keys.sort(key=lambda k: int(k) if k.isdigit() else 1 << 30)
+            blobs = [(tuple(int(d) for d in obj[k].shape), False,
+                      (lambda ds=obj[k], n=name: _h5_array(ds, path, n)))
+                     for k in keys]
+            entries.setdefault(keras_name(name), (name, blobs, None))
+    try:
+        f = h5py.File(path, "r")
+        if "data" not in f:
+            raise CaffeFormatError("HDF5 caffemodel without a /data group", path=path,
+                                   hint="Caffe's HDF5 weights are /data/<layer>/<blob index>")
+        f["data"].visititems(visit)
+    except _H5_ERRORS as exc:
+        raise CaffeFormatError(f"cannot read the HDF5 caffemodel: {exc}", path=path,
+                               hint="the file is truncated or corrupt") from None
+    return entries
+
+
 def _weight_source(caffemodel):
     """(path, {keras layer name: (caffe name, [(shape, legacy, get_array)], LayerParameter)})."""
     entries: Dict[str, tuple] = {}
     if isinstance(caffemodel, (str, os.PathLike)) and _is_hdf5(str(caffemodel)):
         path = str(caffemodel)
-        import h5py
-        try:
-            f = h5py.File(path, "r")
-        except OSError as exc:
-            raise CaffeFormatError(f"cannot read the HDF5 caffemodel: {exc}", path=path,
-                                   hint="the file is truncated or corrupt") from None
-        if "data" not in f:
-            raise CaffeFormatError("HDF5 caffemodel without a /data group", path=path,
-                                   hint="Caffe's HDF5 weights are /data/<layer>/<blob index>")
-
-        def visit(name, obj):
-            if not isinstance(obj, h5py.Group):
-                return
-            keys = [k for k in obj.keys() if isinstance(obj[k], h5py.Dataset)]
-            if keys:
-                keys.sort(key=lambda k: int(k) if k.isdigit() else 1 << 30)
-                blobs = [(tuple(int(d) for d in obj[k].shape), False,
-                          (lambda ds=obj[k]: np.asarray(ds, dtype=np.float32)))
-                         for k in keys]
-                entries.setdefault(keras_name(name), (name, blobs, None))
-        f["data"].visititems(visit)
-        return path, entries
+        return path, _hdf5_entries(path)
     raw: Dict[str, List[np.ndarray]] = {}
     if isinstance(caffemodel, (str, os.PathLike)):
         path = str(caffemodel)

@@ -338,6 +338,13 @@ base_lr: 0.1 momentum: 0.9 max_iter: 2 snapshot_prefix: "{work}/seed" random_see
                 read_caffemodel(path)
                 load_weights(net, path)
             seeds.append(Seed("caffemodel", "own tiny", model_file.read_bytes(), check_own))
+            h5_file = work / "own.caffemodel.h5"  # Caffe's snapshot_format: HDF5
+            save_weights(net, h5_file)
+
+            def check_h5(path: str, net=net) -> None:
+                os.replace(path, path + ".h5")
+                load_weights(net, path + ".h5")
+            seeds.append(Seed("caffemodel", "own tiny (HDF5)", h5_file.read_bytes(), check_h5))
 
     if "binaryproto" in kinds:
         def check_blob(path: str) -> None:

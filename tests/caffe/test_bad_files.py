@@ -335,3 +335,16 @@ def test_learning_rate_that_overflows_is_refused(tmp_path):
                                 'power: -2147483648\nmax_iter: 10000')
     err = _raises(lambda: read_solver(path), f"{path}:4:", "lr_policy 'inv'", "iteration 10000")
     assert err.line == 4
+
+
+@pytest.mark.parametrize("old,new", [(b"HEAP", b"HEAQ"), (b"TREE", b"TREF"), (b"SNOD", b"SNOE")])
+def test_corrupt_hdf5_caffemodel(tmp_path, old, new):
+    """h5py raises RuntimeError/KeyError on damaged metadata: a CaffeFormatError instead."""
+    net = import_net(_write(tmp_path / "w.prototxt", NET))
+    path = tmp_path / "w.caffemodel.h5"
+    save_weights(net, path)
+    data = path.read_bytes()
+    assert old in data
+    bad = tmp_path / "bad.caffemodel.h5"
+    bad.write_bytes(data.replace(old, new))
+    _raises(lambda: load_weights(net, bad), str(bad), "HDF5")
