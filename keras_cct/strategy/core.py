@@ -19,10 +19,8 @@ How a strategy-bound :class:`~keras_cct.HybridConv2D` computes (TensorFlow backe
 4. Each shard's forward and backward times are recorded (host markers around TF shards, the
    request's own completion for OpenCL); with ``rebalance=True`` the fractions move toward
    equal finish times in smoothed, bounded steps.
-5. If an OpenCL device fails during a step -- its worker died and did not come back, or it
-   missed its deadline (a stalled device: ``KERAS_CCT_DEVICE_TIMEOUT``) -- its shard is
-   recomputed on the host, the device is dropped with a
-   :class:`~keras_cct.errors.DeviceDroppedWarning`, and training goes on.
+5. If an OpenCL device fails during a step (it dies, or stalls past its deadline), its shard is
+   recomputed on the host, the device dropped (``DeviceDroppedWarning``), training goes on.
 """
 
 from __future__ import annotations
