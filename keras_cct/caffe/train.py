@@ -668,7 +668,7 @@ class Solver:
     def _train_batches(self, skip: int):
         """The TRAIN batches from mini-batch ``skip`` on, prefetched in a background thread
         (each source skips ``skip`` modulo its record period, so resuming at any iteration
-        reads at most a few epochs: see :func:`keras_cct.caffe.validate.skip_batches`)."""
+        reads at most an epoch or so: see :func:`keras_cct.caffe.validate.skip_batches`)."""
         old = getattr(self, "_batches", None)
         if old is not None and hasattr(old, "close"):
             old.close()

@@ -300,10 +300,18 @@ def _check_reshape(ctx, lp, x) -> None:
 
 def check_layer(ctx, lp, xs) -> None:
     """A layer's parameters, and the bytes its weights and output need, before it is built."""
-    t = lp.type
     if not xs:
         return
-    x = xs[0]
+    try:
+        _check_layer(ctx, lp, xs[0])
+    except CaffeFormatError:
+        raise
+    except (ValueError, TypeError, IndexError, ArithmeticError) as exc:
+        raise ctx.error(f"cannot check the {lp.type} layer: {exc}") from None
+
+
+def _check_layer(ctx, lp, x) -> None:
+    t = lp.type
     if t in ("Convolution", "Deconvolution"):
         _check_conv(ctx, lp, x, t == "Deconvolution")
     elif t == "Pooling":
@@ -402,23 +410,35 @@ def check_solverstate(state, path: str) -> None:
 # Resuming and snapshots
 
 
+#: records a resume may replay to put a source exactly where an uninterrupted run would be
+EXACT_REPLAY_RECORDS = 200_000
+
+
 def skip_batches(sources: Sequence, skip: int, log=None) -> Iterator[Dict]:
-    """The merged batches of ``sources`` from mini-batch ``skip`` on.
+    """The merged batches of ``sources`` from mini-batch ``skip`` on, without replaying
+    ``skip`` batches.
 
     A source of ``size`` records cut into batches of ``batch_size`` repeats its record order
-    every ``size / gcd(size, batch_size)`` batches, so each source skips ``skip`` modulo that
-    period (at most ``batch_size`` epochs of reading): the next batch holds the same records
-    as in an uninterrupted run; random crops, mirrors and shuffles, drawn afresh, match it
-    only when ``skip`` is below the period. A source whose size is unknown (HDF5Data) is
-    skipped by at most 10,000 batches. (Caffe itself restarts its data layers at the first
-    record on resume.)
+    every ``size / gcd(size, batch_size)`` batches, so it skips ``skip`` modulo that period:
+    when that replay reads at most ``max(size, EXACT_REPLAY_RECORDS)`` records, the next
+    batch holds exactly the records of an uninterrupted run. Otherwise it replays
+    ``r // batch_size`` batches (less than one epoch), ``r`` being the record an uninterrupted
+    run would be at: the next batch starts up to ``batch_size - 1`` records early (logged).
+    Random crops, mirrors and shuffles, drawn afresh, match an uninterrupted run only when
+    nothing was left out. A source whose size is unknown (HDF5Data) skips at most 10,000
+    batches (logged). (Caffe itself restarts its data layers at the first record.)
     """
     its = []
     for s in sources:
         size, bs = getattr(s, "size", None), max(int(getattr(s, "batch_size", 1) or 1), 1)
         if size:
-            period = size // math.gcd(size, bs)
-            n = skip % period
+            n = skip % (size // math.gcd(size, bs))
+            if n * bs > max(size, EXACT_REPLAY_RECORDS):
+                r = (skip * bs) % size
+                n = r // bs
+                if r % bs and log is not None:
+                    log(f"{s.name}: resumed at record {r - r % bs} of {size}, {r % bs} "
+                        f"before where the interrupted run was")
         else:
             n = min(skip, 10_000)
             if n < skip and log is not None:

@@ -273,6 +273,21 @@ def test_skip_batches_equals_replay(skip):
     assert a.read <= 2 * 13 + 2  # at most one period (13 batches) read per call
 
 
+@pytest.mark.parametrize("skip", [7, 2 ** 31 - 1, 123456789])
+def test_skip_batches_over_the_replay_budget(skip, monkeypatch):
+    """A period too long to replay: less than one epoch is read, and the next batch starts at
+    most batch_size - 1 records before the exact position."""
+    from keras_cct.caffe import validate
+    monkeypatch.setattr(validate, "EXACT_REPLAY_RECORDS", 0)
+    src = _Counting(101, 8)  # period 101 batches (8 epochs)
+    lines = []
+    first = int(next(skip_batches([src], skip, log=lines.append))["x"][0])
+    exact = (skip * 8) % 101
+    assert 0 <= exact - first < 8
+    assert src.read <= 101 // 8 + 2
+    assert (exact != first) == bool(lines)
+
+
 # -- 8. temporary files of an interrupted snapshot ---------------------------------------------
 
 def test_stale_snapshot_temps_are_removed(tmp_path):
