@@ -29,7 +29,7 @@ from google.protobuf import text_format
 
 from keras_cct._files import atomic_write
 from keras_cct.caffe import proto
-from keras_cct.caffe.validate import check_strings, read_bounded
+from keras_cct.caffe.validate import check_strings, max_bytes, read_bounded
 from keras_cct.errors import CaffeFormatError
 
 PathLike = Union[str, os.PathLike]
@@ -107,8 +107,9 @@ def read_text(path: PathLike, message_class=None, *, what: str = "prototxt"):
 
 
 def _read_text_file(path: str, what: str) -> str:
-    """A text file's contents (a bounded, regular file; UTF-8)."""
-    data = read_bounded(path, what)
+    """A text file's contents (a regular file of at most 256 MiB or the memory bound; UTF-8:
+    the largest real prototxts are well under 1 MiB)."""
+    data = read_bounded(path, what, limit=min(max_bytes(), 256 << 20))
     try:
         return data.decode("utf-8", errors="strict")
     except UnicodeDecodeError as exc:

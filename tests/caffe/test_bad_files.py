@@ -363,3 +363,11 @@ def test_corrupt_hdf5_caffemodel(tmp_path, old, new):
     bad = tmp_path / "bad.caffemodel.h5"
     bad.write_bytes(data.replace(old, new))
     _raises(lambda: load_weights(net, bad), str(bad), "HDF5")
+
+
+def test_files_over_the_bound_are_not_read(tmp_path, monkeypatch):
+    _, model = _tiny_caffemodel(tmp_path)
+    monkeypatch.setenv("KERAS_CCT_CAFFE_MAX_BYTES", "300")
+    path = _write(tmp_path / "net.prototxt", NET)  # ~600 bytes
+    _raises(lambda: load_net(path), str(path), "more than the", "KERAS_CCT_CAFFE_MAX_BYTES")
+    _raises(lambda: read_caffemodel(model), str(model), "more than the")
