@@ -30,13 +30,13 @@ def positive_int(text: str) -> int:
 
 
 def nonneg_int(text: str) -> int:
-    """argparse type: an integer >= 0 (sizes where 0 means 'keep')."""
+    """argparse type: an integer >= 0 (indices, seeds, sizes where 0 means 'keep')."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more (0: keep), got {value}")
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
 
 

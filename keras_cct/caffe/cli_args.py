@@ -48,33 +48,90 @@ def parse_shapes(items) -> Dict[str, Tuple[int, ...]]:
     return shapes
 
 
-def check_time_shapes(args: argparse.Namespace, shapes: dict) -> None:
-    """``cct time --input-shape``: every name is an input or data-layer top of the net, every
-    dim positive; without ``--random-data`` the data layers read batches of their own
-    ``batch_size``, so an ``--input-shape`` of another batch for one of their tops cannot be
-    fed (say so before building)."""
-    if not shapes:
-        return
+#: Data layers whose blob shapes come from reading their source.
+_SOURCE_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData")
+
+
+def _input_dims(fp) -> Dict[str, Tuple[int, ...]]:
+    """The Caffe shapes the net's Input layers (and legacy ``input:`` fields) declare."""
+    dims: Dict[str, Tuple[int, ...]] = {}
+    for lp in fp.layer:
+        if lp.type == "Input":
+            for i, top in enumerate(lp.top):
+                shp = lp.input_param.shape
+                if len(shp):
+                    dims[top] = tuple(int(d) for d in shp[min(i, len(shp) - 1)].dim)
+    legacy = [tuple(int(d) for d in s.dim) for s in fp.input_shape] or \
+        [tuple(int(d) for d in fp.input_dim[i:i + 4]) for i in range(0, len(fp.input_dim), 4)]
+    for name, shp in zip(fp.input, legacy):
+        dims.setdefault(name, shp)
+    return dims
+
+
+def check_time_inputs(args: argparse.Namespace, shapes: dict) -> bool:
+    """``cct time``'s inputs, checked before building; returns whether to feed random data.
+
+    * every ``--input-shape`` name is an input or data-layer top of the net, every dim
+      positive;
+    * without ``--random-data`` the data layers read batches of their own ``batch_size``, so
+      an ``--input-shape`` of another batch for one of their tops cannot be fed;
+    * a net without data layers (a deploy net: Input layers only) is timed on random data, as
+      ``caffe time`` does;
+    * ``--batch`` times the inputs' size stays under the memory bound of the Caffe readers
+      (``KERAS_CCT_CAFFE_MAX_BYTES``)."""
     from keras_cct.caffe.builder import DATA_TYPES
     from keras_cct.caffe.data import _layer_batch
     from keras_cct.caffe.prototxt import filter_net, read_net
+    from keras_cct.caffe.validate import max_bytes
     fp = filter_net(read_net(args.model), phase=args.phase, stages=list(args.stage or ()))
+    inputs = _input_dims(fp)
     known = list(fp.input)
     for lp in fp.layer:
         if lp.type == "Input" or lp.type in DATA_TYPES:
             known += [t for t in lp.top if t not in known]
     check_input_shapes(shapes, known)
-    if args.random_data:
-        return
-    for lp in fp.layer:
-        if lp.type in DATA_TYPES:
-            bs = _layer_batch(lp)  # 0 for the layers that read no source
-            for top in lp.top:
-                if top in shapes and bs and shapes[top][0] != bs:
-                    raise KerasCCTError(
-                        f"--input-shape {top}={','.join(map(str, shapes[top]))}: the {lp.type} "
-                        f"layer '{lp.name}' reads batches of {bs} from its source; add "
-                        f"--random-data to time the net at batch {shapes[top][0]}")
+    data_layers = [lp for lp in fp.layer if lp.type in DATA_TYPES]
+    random_data = bool(args.random_data or not data_layers)
+    if random_data:  # the sources are not read: their image tops need a shape
+        for lp in data_layers:
+            if lp.type in _SOURCE_TYPES and lp.top and lp.top[0] not in shapes:
+                raise KerasCCTError(
+                    f"--random-data: the {lp.type} layer '{lp.name}' is not read, so its top "
+                    f"'{lp.top[0]}' needs a shape: add --input-shape {lp.top[0]}=N,C,H,W")
+    if args.batch:
+        need = 0
+        for top, dims in {**inputs, **shapes}.items():
+            need += args.batch * int(np.prod(dims[1:], dtype=np.int64)) * 4
+        if need > max_bytes():
+            raise KerasCCTError(
+                f"--batch {args.batch}: the random inputs would need {need / (1 << 30):.3g} GiB, "
+                f"more than the {max_bytes() / (1 << 30):.3g} GiB allowed; give a smaller "
+                f"batch (or raise KERAS_CCT_CAFFE_MAX_BYTES)")
+    if random_data:
+        return True
+    for lp in data_layers:
+        bs = _layer_batch(lp)  # 0 for the layers that read no source
+        for top in lp.top:
+            if top in shapes and bs and shapes[top][0] != bs:
+                raise KerasCCTError(
+                    f"--input-shape {top}={','.join(map(str, shapes[top]))}: the {lp.type} "
+                    f"layer '{lp.name}' reads batches of {bs} from its source; add "
+                    f"--random-data to time the net at batch {shapes[top][0]}")
+    return False
+
+
+def check_test_net(args: argparse.Namespace) -> None:
+    """``cct test`` scores batches read by the net's data layers: a net whose inputs are only
+    Input blobs (a deploy net) has nothing to score."""
+    from keras_cct.caffe.builder import DATA_TYPES
+    from keras_cct.caffe.prototxt import filter_net, read_net
+    fp = filter_net(read_net(args.model), phase=args.phase, stages=list(args.stage or ()))
+    inputs = _input_dims(fp)
+    if inputs and not any(lp.type in DATA_TYPES for lp in fp.layer):
+        raise KerasCCTError(
+            f"--model {args.model}: the {args.phase} net has no data layer (only the input "
+            f"blob(s) {', '.join(inputs)}), so there is nothing to score; give the "
+            f"train_val prototxt, whose Data/ImageData/HDF5Data layers read the test set")
 
 
 def check_snapshot_folder(solver) -> None:

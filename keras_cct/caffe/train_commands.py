@@ -217,8 +217,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from keras_cct.caffe.cli_args import check_one_device
+    from keras_cct.caffe.cli_args import check_one_device, check_test_net
     from keras_cct.caffe.train import build_phase_net, run_test
+    check_test_net(args)
     check_one_device(args.devices)
     model, sources, _ = build_phase_net(args.model, phase=args.phase,
                                         stages=args.stage or (), weights=args.weights)
@@ -331,13 +332,13 @@ def compile_for_timing(model) -> None:
 
 def _time(args: argparse.Namespace) -> int:
     import keras
-    from keras_cct.caffe.cli_args import check_one_device, check_time_shapes
+    from keras_cct.caffe.cli_args import check_one_device, check_time_inputs
     shapes = _parse_shapes(args.input_shape)
-    check_time_shapes(args, shapes)
+    random_data = check_time_inputs(args, shapes)  # a deploy net: random data, as caffe time
     check_one_device(args.devices)
     model, batch = time_model(args.model, phase=args.phase, stages=args.stage or (),
                               weights=args.weights, batch=args.batch,
-                              random_data=args.random_data, input_shapes=shapes,
+                              random_data=random_data, input_shapes=shapes,
                               lowering=args.lowering, devices=args.devices, conv=args.conv)
     fmodel = model.net
     layers = [l for l in fmodel.layers if not isinstance(l, keras.layers.InputLayer)]

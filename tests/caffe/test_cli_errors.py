@@ -153,6 +153,11 @@ def test_bad_counts_exit_2_with_one_line(work, capsys, argv, needle):
     (["time", "--model", "net.prototxt", "--random-data", "--input-shape", "data=0,1,6,6"],
      ["data=0,1,6,6", "positive"]),
     (["time", "--model", "net.prototxt", "--devices", "bogus"], ["--devices bogus"]),
+    (["time", "--model", "deploy.prototxt", "--batch", "100000000"],
+     ["--batch 100000000", "GiB", "smaller batch"]),
+    (["time", "--model", "net.prototxt", "--random-data"], ["--input-shape data=N,C,H,W"]),
+    (["test", "--model", "deploy.prototxt", "--weights", "w.caffemodel"],
+     ["deploy.prototxt", "no data layer"]),
     # cct data: bad arrays, unwritable DB or --mean, sizes
     (["data", "nokeys.npz", "db"], ["nokeys.npz", "must hold images"]),
     (["data", "zero.npz", "db"], ["zero.npz", "cannot read the arrays"]),
@@ -183,6 +188,15 @@ def test_train_unknown_opencl_device_is_one_line(work, capsys):
     _assert_one_error_line(capsys.readouterr().err, "train", "--devices opencl:9:9",
                            "no device 'opencl:9:9'")
     assert not (work / "snap").exists()
+
+
+def test_cct_time_of_a_deploy_net_uses_random_data(work, capsys):
+    """``caffe time -model deploy.prototxt``: a net without data layers is timed on random
+    inputs (it asked for arrays, naming the Python API); ``--batch`` sets their batch."""
+    rc = main(["time", "--model", "deploy.prototxt", "--iterations", "1", "--no-layers",
+               "--batch", "3"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "Average Forward pass" in out
 
 
 def test_cct_data_still_works_with_both_sizes(work, capsys):
