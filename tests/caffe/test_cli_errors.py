@@ -262,6 +262,38 @@ def test_a_reader_thread_inside_h5py_does_not_block_exit(work):
     assert time.monotonic() - t0 < 10.0
 
 
+_STUCK_SHUTDOWN = """
+import atexit, sys, time
+from keras_cct.cli import main
+atexit.register(time.sleep, 120)  # something that blocks the interpreter's shutdown
+sys.argv = ["cct", "convert", "deploy.prototxt", "-o", "afile/m.keras"]
+sys.exit(main())
+"""
+
+
+def test_a_stuck_shutdown_after_an_error_still_ends_the_cct_process(work):
+    """The last resort: after an error, ``cct`` ends with status 1 within seconds even when
+    something else blocks the shutdown (here an atexit handler sleeping 120 s)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep) if p]))
+    proc = subprocess.Popen([sys.executable, "-c", _STUCK_SHUTDOWN], cwd=work, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = []
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            if ": error: " in line:
+                break
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail("the cct process did not end: " + "".join(err))
+    assert rc == 1 and time.monotonic() - t0 < 10.0
+    _assert_one_error_line("".join(err) + proc.stderr.read(), "convert", "afile/m.keras")
+
+
 # -- the real entry point: the cases that hung ------------------------------------------------
 
 def _run_cct(argv, cwd, limit=150.0):
