@@ -209,6 +209,42 @@ def test_cct_data_still_works_with_both_sizes(work, capsys):
     assert not list(work.glob(".cct-write-check*"))  # the probe leaves nothing behind
 
 
+# -- the guard in cli.main ---------------------------------------------------------------------
+
+def test_an_error_wrapped_by_a_library_is_printed_as_the_typed_one(work, capsys, monkeypatch):
+    """TensorFlow re-raises a layer's error as its own type with the keras_cct error as the
+    cause: cct prints the typed error's line."""
+    from keras_cct.caffe import commands
+    from keras_cct.errors import DeviceError
+
+    def fails(args):
+        try:
+            raise DeviceError("opencl:0:0 stopped answering (restart it)")
+        except DeviceError as exc:
+            raise RuntimeError("UnknownError: ...\n\n[[node x]]") from exc
+
+    monkeypatch.setattr(commands, "_info", fails)
+    assert main(["info", "deploy.prototxt"]) == 1
+    _assert_one_error_line(capsys.readouterr().err, "info", "opencl:0:0 stopped answering")
+
+
+def test_an_unexpected_error_is_one_line_or_a_traceback_with_cct_debug(work, capsys,
+                                                                       monkeypatch):
+    from keras_cct.caffe import commands
+
+    def fails(args):
+        raise ZeroDivisionError("division by zero\nsecond line")
+
+    monkeypatch.setattr(commands, "_info", fails)
+    assert main(["info", "deploy.prototxt"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["cct info: error: ZeroDivisionError: division by zero "
+                                "(unexpected; CCT_DEBUG=1 shows the traceback)"]
+    monkeypatch.setenv("CCT_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        main(["info", "deploy.prototxt"])
+
+
 # -- prefetch threads never block exit --------------------------------------------------------
 
 def test_stop_prefetchers_ends_every_reader_thread():
