@@ -46,12 +46,19 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _stop_background_threads() -> None:
-    """Stop keras_cct's data-prefetch threads (they may hold h5py's or LMDB's locks, which
-    would block the interpreter's shutdown)."""
+def _prefetchers() -> list:
+    """keras_cct's data-prefetch iterators running now."""
     data = sys.modules.get("keras_cct.caffe.data")
-    if data is not None and hasattr(data, "stop_prefetchers"):
-        data.stop_prefetchers()
+    return data.running_prefetchers() if data is not None else []
+
+
+def _stop_background_threads(keep: list) -> None:
+    """Stop the data-prefetch threads a command started (they may hold h5py's or LMDB's locks,
+    which would block the interpreter's shutdown); those running before it (``keep``: a
+    caller's own, when ``main`` runs in-process) are left alone."""
+    data = sys.modules.get("keras_cct.caffe.data")
+    if data is not None:
+        data.stop_prefetchers(keep=keep)
 
 
 _WATCHDOG_FILE = None
@@ -86,6 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     from keras_cct.errors import KerasCCTError
     rc = 1
+    before = _prefetchers()
     try:
         rc = int(args.func(args) or 0)
     except KerasCCTError as exc:
@@ -101,7 +109,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"{type(exc).__name__}: {_one_line(exc)} (unexpected; CCT_DEBUG=1 shows the traceback)"
         print(f"cct {args.command}: error: {text}", file=sys.stderr, flush=True)
     finally:
-        _stop_background_threads()
+        _stop_background_threads(before)
         sys.stdout.flush()
     if rc != 0 and argv is None:  # this process is `cct`: it must end, whatever holds a lock
         _exit_watchdog(5.0)

@@ -510,15 +510,22 @@ def merge_batches(sources: Sequence[DataSource]) -> Iterator[Dict[str, np.ndarra
 _PREFETCHERS = None  # a weakref.WeakSet of the running prefetchers, made on first use
 
 
-def stop_prefetchers(timeout: float = 2.0) -> None:
-    """Stop every running :func:`prefetch` thread and wait (up to ``timeout`` seconds in all)
-    for them to end. ``cct`` calls it when a command ends, and it runs at interpreter exit: a
-    reader thread left running would be frozen holding its library's lock (h5py's global lock,
-    LMDB's), and the interpreter's shutdown would wait for that lock forever."""
+def running_prefetchers() -> list:
+    """The :func:`prefetch` iterators whose thread is running now."""
+    return [it for it in list(_PREFETCHERS or ()) if not it.join(0)]
+
+
+def stop_prefetchers(timeout: float = 2.0, *, keep=()) -> None:
+    """Stop every running :func:`prefetch` thread (but those in ``keep``) and wait (up to
+    ``timeout`` seconds in all) for them to end. ``cct`` calls it for the prefetchers a command
+    started when it ends, and it runs at interpreter exit: a reader thread left running would
+    be frozen holding its library's lock (h5py's global lock, LMDB's), and the interpreter's
+    shutdown would wait for that lock forever."""
     import time
-    if not _PREFETCHERS:
+    kept = {id(it) for it in keep}
+    its = [it for it in running_prefetchers() if id(it) not in kept]
+    if not its:
         return
-    its = list(_PREFETCHERS)
     for it in its:
         it.close()
     end = time.monotonic() + timeout
@@ -578,7 +585,14 @@ def prefetch(iterator: Iterator, depth: int = 4) -> Iterator:
             return self
 
         def __next__(self):
-            item, exc = q.get()
+            while True:
+                try:
+                    item, exc = q.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    if not thread.is_alive() and q.empty():
+                        raise DataError("the data reader thread was stopped (its prefetch "
+                                        "iterator was closed)") from None
             if item is _END:
                 if exc is not None:
                     raise exc

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from keras_cct.cli import main
+from keras_cct.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -262,6 +263,18 @@ def test_stop_prefetchers_ends_every_reader_thread():
     stop_prefetchers(timeout=5.0)
     assert all(it.join(0) for it in its) and time.monotonic() - t0 < 5.0
     assert not [t for t in threading.enumerate() if t.name == "cct-prefetch" and t.is_alive()]
+    with pytest.raises(DataError, match="was stopped"):  # not a wait forever
+        for _ in range(4):  # the items queued before the stop, then the error
+            next(its[0])
+
+
+def test_main_in_process_stops_only_the_prefetchers_its_command_started(work, capsys):
+    from keras_cct.caffe.data import prefetch, running_prefetchers
+    mine = prefetch(iter(range(1000)), depth=2)
+    assert main(["train", "--solver", "solver.prototxt", "--snapshot-prefix", "afile/x"]) == 1
+    assert "afile" in capsys.readouterr().err
+    assert running_prefetchers() == [mine] and next(mine) == 0
+    mine.close()
 
 
 _H5_READER = """
@@ -301,6 +314,7 @@ def test_a_reader_thread_inside_h5py_does_not_block_exit(work):
 _STUCK_SHUTDOWN = """
 import atexit, sys, time
 from keras_cct.cli import main
+from keras_cct.errors import DataError
 atexit.register(time.sleep, 120)  # something that blocks the interpreter's shutdown
 sys.argv = ["cct", "convert", "deploy.prototxt", "-o", "afile/m.keras"]
 sys.exit(main())
