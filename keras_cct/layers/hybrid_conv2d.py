@@ -13,6 +13,7 @@ from keras_cct.lowering import check_lowering, choose_for, conv2d_geo, conv_geom
 from keras_cct.lowering.geometry import (ConvGeometry, normalize_pair, normalize_padding,
                                          padding_to_config)
 from keras_cct.lowering.planner import PLANNER_MODES, check_available
+from keras_cct.ops import failures
 from keras_cct.strategy import context as strategy_context
 
 
@@ -87,6 +88,7 @@ class HybridConv2D(keras.layers.Layer):
         self.device = device
         if device is not None:
             self._check_device(device)
+            failures.install_keras_hook()  # the device's typed error out of fit / predict
         self.input_spec = InputSpec(ndim=4)
         self._plans: Dict[Tuple, Tuple[ConvGeometry, str]] = {}
         self._strategy = strategy_context.current() if device is None else None

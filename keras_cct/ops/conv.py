@@ -12,7 +12,7 @@ None of them can be compiled by XLA: a layer that uses this op reports ``support
 
 A device failure (:class:`~keras_cct.errors.DeviceError`: a dead worker that did not come back,
 a missed deadline) reaches the caller as itself, not as the backend's error for a failed
-callback: see :mod:`keras_cct.strategy.failures`.
+callback: see :mod:`keras_cct.ops.failures`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from keras_cct.errors import DeviceError, KerasCCTError, LoweringError
 from keras_cct.lowering.geometry import PaddingArg, conv_geometry
-from keras_cct.strategy import failures
+from keras_cct.ops import failures
 
 
 def _canon(value):
@@ -66,7 +66,7 @@ def conv2d_on(device: str, x, kernel, bias=None, *, strides=1, padding: PaddingA
         DeviceError: ``device`` is not an OpenCL device, or a dtype is not float32; or the
             device failed (:class:`~keras_cct.errors.WorkerError`,
             :class:`~keras_cct.errors.DeviceTimeoutError` after ``KERAS_CCT_DEVICE_TIMEOUT``
-            seconds), also inside ``fit`` (see :mod:`keras_cct.strategy.failures`).
+            seconds), also inside ``fit`` (see :mod:`keras_cct.ops.failures`).
         LoweringError: inconsistent shapes or arguments (checked before anything runs).
     """
     from keras_cct.devices.opencl.client import parse_opencl_name

@@ -2,10 +2,7 @@
 execution), run the shards concurrently, rebalance while training, survive a failing device.
 :func:`hybridize` converts an existing model's Conv2D layers."""
 
-from keras_cct.strategy import failures
 from keras_cct.strategy.core import CCTStrategy
 from keras_cct.strategy.hybridize import hybridize
-
-failures.install_keras_hook()  # typed device errors out of fit / evaluate / predict
 
 __all__ = ["CCTStrategy", "hybridize"]

@@ -36,7 +36,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from keras_cct.errors import DeviceDroppedWarning, DeviceError
-from keras_cct.strategy import context, failures, host
+from keras_cct.ops import failures
+from keras_cct.strategy import context, host
 
 SPLITS = ("flops", "measure")
 BACKWARD_SPLITS = ("auto", "own", "forward")
@@ -178,6 +179,7 @@ class CCTStrategy:
                  smoothing: float = 0.5, max_step: float = 0.1,
                  min_fraction: float = 0.02, backward_split: str = "auto") -> None:
         _require_tensorflow()
+        failures.install_keras_hook()  # a device's typed error out of fit / evaluate / predict
         from keras_cct.devices import Device, get_device, list_devices
         if devices is None:
             found = list_devices(calibrate=False)
