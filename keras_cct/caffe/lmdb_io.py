@@ -156,9 +156,13 @@ def write_datums(path: PathLike, datums: Iterable[Tuple[str, "proto.Datum"]], *,
         for name in ("data.mdb", "lock.mdb"):
             if os.path.exists(os.path.join(path, name)):
                 os.remove(os.path.join(path, name))
-    os.makedirs(path, exist_ok=True)
     map_size = 64 << 20
-    env = lmdb.open(path, map_size=map_size, subdir=True, lock=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+        env = lmdb.open(path, map_size=map_size, subdir=True, lock=True)
+    except (OSError, lmdb.Error) as exc:
+        raise DataError(f"cannot create the LMDB: {exc}", path=path,
+                        hint="choose a writable folder") from None
     count = 0
     pending: List[Tuple[bytes, bytes]] = []
 
@@ -183,6 +187,8 @@ def write_datums(path: PathLike, datums: Iterable[Tuple[str, "proto.Datum"]], *,
                 flush()
         if pending:
             flush()
+    except lmdb.Error as exc:  # disk full, a file system that refuses the map, ...
+        raise DataError(f"cannot write the LMDB: {exc}", path=path) from None
     finally:
         env.close()
     return count

@@ -210,6 +210,14 @@ def test_cct_data_still_works_with_both_sizes(work, capsys):
     assert not list(work.glob(".cct-write-check*"))  # the probe leaves nothing behind
 
 
+def test_lmdb_writer_failure_is_a_data_error(work):
+    """The writer itself (not only cct's check before it) reports a folder it cannot create
+    as a DataError naming the path."""
+    from keras_cct.caffe.lmdb_io import write_arrays
+    with pytest.raises(DataError, match=r"afile/db: cannot create the LMDB"):
+        write_arrays(work / "afile" / "db", np.zeros((2, 3, 3), np.uint8), [0, 1])
+
+
 # -- the guard in cli.main ---------------------------------------------------------------------
 
 def test_an_error_wrapped_by_a_library_is_printed_as_the_typed_one(work, capsys, monkeypatch):
