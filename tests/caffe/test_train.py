@@ -276,7 +276,7 @@ def test_cct_data_train_test_time_cli(tmp_path, capsys):
                  "2"]) == 0
     text = capsys.readouterr().out
     assert "Batch 1, accuracy = " in text and "\naccuracy = " in text
-    assert "conv1\tforward:" in text and "[lowering: " in text and "conv1\tbackward:" in text
+    assert "conv1\tforward:" in text and "[lowering: " in text and "conv1\tforward-backward:" in text
     assert "images/s" in text
     assert main(["train", "--solver", str(tmp_path / "nope.prototxt")]) == 1
     err = capsys.readouterr().err
