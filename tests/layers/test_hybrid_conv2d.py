@@ -9,6 +9,7 @@ from keras_cct import HybridConv2D
 from keras_cct.lowering import ALL_LOWERINGS
 from tests import reference as ref
 from tests.backend_grads import layer_grads, to_numpy
+from tests.lowering.test_winograd import F32_TOL
 
 LOWERINGS = ("type1", "type2", "type3", "native", "auto")
 
@@ -63,10 +64,12 @@ def test_matches_keras_conv2d(case, lowering):
     dy = rng.standard_normal(layer.compute_output_shape(shape)).astype("float32")
     y_ref, g_ref = layer_grads(ref_model, x, dy)
     y, g = layer_grads(layer, x, dy)
+    # "auto" may pick Winograd, whose stated float32 error is larger
+    tol = {"winograd": F32_TOL[2], "winograd4": F32_TOL[4]}.get(layer.chosen_lowering, 1e-5)
     assert y.shape == y_ref.shape
-    assert ref.rel_err(y, y_ref) <= 1e-5
+    assert ref.rel_err(y, y_ref) <= tol
     for name, a, b in zip(("input", "kernel", "bias"), g, g_ref):
-        assert ref.rel_err(a, b) <= 1e-5, name
+        assert ref.rel_err(a, b) <= tol, name
 
 
 @pytest.mark.parametrize("lowering", LOWERINGS)
