@@ -19,7 +19,8 @@ always fetched) of each candidate:
 on each Keras backend (one process per backend, dtype and net; ``KERAS_BACKEND`` is set before
 keras is imported) in float32 and bfloat16 (Keras: the ``mixed_bfloat16`` policy; PyTorch:
 ``torch.autocast("cpu", torch.bfloat16)``; float32 weights). Candidates are timed side by side,
-round-robin (one call of each per round), best of ``--repeats`` rounds.
+round-robin (per round, one untimed call of each followed by one timed call), best of
+``--repeats`` rounds.
 
 The GEMM ceiling: the best square matrix product (512, 1024 and 2048) of the backend, PyTorch
 and JAX in the run's dtype (and float32), measured in each process at the start and the
@@ -84,6 +85,12 @@ SLOW_S, SLOW_FACTOR = 5.0, 10.0
 #: in the TensorFlow process measured up to 40x slower without it: 119 ms instead of 2.9 ms on
 #: a ResNet-50 1x1 convolution; a pause only where the library changes was not enough).
 SETTLE_S = float(os.environ.get("CCT_CONVS_SETTLE_S", "0.02"))
+#: Each timed call follows an untimed call of the same candidate: what ran before it (the other
+#: library's step, a pause) otherwise changes its time by more than the differences measured.
+#: Seen (ResNet-50 res4b_branch2a, TF, batch 4): a 4.5 ms TF convolution took 5.4 ms after a
+#: PyTorch step and 5.0 ms after a TF step, each followed by a 50 ms pause; and the round-robin
+#: order had put the default HybridConv2D after PyTorch in 2 of 3 rounds, keras Conv2D never.
+WARM_CALL = True
 
 
 # ------------------------------------------------------------------------------ layer shapes
@@ -223,6 +230,8 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
         for name in order:
             try:
                 last_lib = _settle(last_lib, "torch" if name.startswith("torch_") else backend)
+                if WARM_CALL:
+                    steps[name]()  # untimed
                 t0 = time.perf_counter()
                 steps[name]()
                 best[name] = min(best[name], time.perf_counter() - t0)
@@ -436,7 +445,8 @@ def markdown(data: dict) -> str:
         f"{cpu['matrix_units']} (flags: {', '.join(cpu['isa_flags'])}). Libraries: "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
         "Times: one training step (forward + backward, output fetched), best of the rounds, "
-        "all candidates of a shape timed round-robin in one process. Speed-ups: keras "
+        "all candidates of a shape timed round-robin in one process, each timed call right after an "
+        "untimed call of the same candidate. Speed-ups: keras "
         "Conv2D's time / the default HybridConv2D's, and the best peer's (fastest of "
         "keras_conv2d, keras_split, keras_depthwise, torch_nchw, torch_cl) / the default's; "
         "above 1 = keras_cct faster. "
