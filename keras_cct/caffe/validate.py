@@ -26,6 +26,7 @@ import stat
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from keras_cct.errors import CaffeFormatError
+from keras_cct._system import physical_memory
 
 __all__ = ["max_bytes", "read_bounded", "check_strings", "check_layer", "check_input",
            "check_solver", "check_solverstate", "skip_batches", "remove_stale_temps",
@@ -44,10 +45,7 @@ def max_bytes() -> int:
             return max(int(float(env)), 1)
         except ValueError:
             pass
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 16 << 30
+    total = physical_memory() or 16 << 30
     return max(total // 4, 256 << 20)
 
 

@@ -22,6 +22,7 @@ from typing import Dict, List, Mapping, Optional, Union
 import numpy as np
 
 from keras_cct._files import atomic_write
+from keras_cct._system import physical_memory
 from keras_cct.errors import DeviceError, KerasCCTError
 
 CALIBRATION_VERSION = "sgemm-2048x256x1024-v1"
@@ -158,13 +159,6 @@ def _opencl_devices(sub_devices: bool, working_only: bool) -> List[Device]:
     return out
 
 
-def _host_memory() -> Optional[int]:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _backend_devices() -> List[Device]:
     import keras
     backend = keras.backend.backend()
@@ -186,7 +180,7 @@ def _backend_devices() -> List[Device]:
                     pass
             out.append(Device(f"tf:{kind}:{i}", kind, backend, desc,
                               os.cpu_count() if kind == "cpu" else None,
-                              _host_memory() if kind == "cpu" else None))
+                              physical_memory() if kind == "cpu" else None))
     elif backend == "jax":
         import jax
         counts = {}
@@ -195,17 +189,17 @@ def _backend_devices() -> List[Device]:
             i = counts[kind] = counts.get(kind, -1) + 1
             out.append(Device(f"jax:{kind}:{i}", kind, backend, str(d.device_kind),
                               os.cpu_count() if kind == "cpu" else None,
-                              _host_memory() if kind == "cpu" else None))
+                              physical_memory() if kind == "cpu" else None))
     elif backend == "torch":
         import torch
-        out.append(Device("torch:cpu:0", "cpu", backend, "CPU", os.cpu_count(), _host_memory()))
+        out.append(Device("torch:cpu:0", "cpu", backend, "CPU", os.cpu_count(), physical_memory()))
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             out.append(Device(f"torch:cuda:{i}", "gpu", backend, p.name,
                               p.multi_processor_count, p.total_memory))
     else:
         out.append(Device(f"{prefix}:cpu:0", "cpu", backend, "CPU", os.cpu_count(),
-                          _host_memory()))
+                          physical_memory()))
     return out
 
 

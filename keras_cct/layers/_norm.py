@@ -6,7 +6,8 @@ One function per backend, chosen once (as :mod:`keras_cct.lowering.native` does)
 
 * **TensorFlow**: ``FusedBatchNormV3`` (oneDNN on x86 CPUs), one op forward and one backward,
   where the composed form (mean, variance, subtract, divide) is five passes each way: Caffe's
-  BatchNorm + Scale + ReLU on a 16x56x56x256 blob trains 2.3x faster so.
+  BatchNorm + Scale + ReLU on a 16x56x56x256 blob trained 2.3x faster so (91.6 -> 39.3 ms
+  forward+backward, interleaved, on a busy 2-core machine).
 * **PyTorch**: ``torch.nn.functional.batch_norm`` on the channels-last tensor viewed as NCHW
   (no copy); the batch statistics come back through zeroed running buffers at momentum 1.
 * **JAX** (and any other backend): ``keras.ops``; XLA fuses the elementwise passes itself.

@@ -104,8 +104,8 @@ def _torch_conv(x, kernel, geo: ConvGeometry):
     else:
         xc, padding = F.pad(xc, (pl, pr, pt, pb)), (0, 0)
     # (kh, kw, cg, o) -> (o, cg, kh, kw), stored channels-last (o, kh, kw, cg) as keras.ops.conv
-    # does: oneDNN reorders that layout to its own fast; the bare permuted view trains 2-10%
-    # slower on wide layers (ResNet-50's res5: 7x7x512 -> 512).
+    # does: oneDNN reorders that layout to its own fast; the bare permuted view trained 3-10%
+    # slower on two wide layers (7x7x512 -> 512 and -> 2048, batch 32, a busy machine).
     w = kernel.permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
     y = F.conv2d(xc, w, None, (geo.sh, geo.sw), padding, (geo.dh, geo.dw), geo.groups)
     return y.permute(0, 2, 3, 1)

@@ -36,6 +36,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from keras_cct._files import atomic_write
+from keras_cct._system import physical_memory
 from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering.cost import LOWERED_TYPES, Machine, cost, estimate_seconds
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
@@ -299,10 +300,8 @@ def memory_budget_bytes() -> int:
     env = os.environ.get("KERAS_CCT_MEMORY_BUDGET")
     if env:
         return int(float(env))
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
+    total = physical_memory()
+    return total // 4 if total else 4 << 30
 
 
 def fits_in_memory(geo: ConvGeometry, lowering: str, batch: int, dtype_bytes: int = 4) -> bool:

@@ -19,9 +19,10 @@ import pytest
 
 from keras_cct import HybridConv2D
 from keras_cct.devices.opencl import client_for, conv2d_forward
-from tests import reference as R
 from keras_cct.devices.opencl.client import WorkerClient, parse_opencl_name, request_timeout
 from keras_cct.errors import DeviceError, DeviceTimeoutError, WorkerError
+from tests import reference as R
+from tests.processes import gone
 
 pytestmark = pytest.mark.opencl
 
@@ -30,14 +31,6 @@ def _small(seed=0):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((2, 6, 6, 3)).astype(np.float32),
             rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.fixture
@@ -58,7 +51,7 @@ def test_stopped_worker_times_out_is_killed_and_replaced(fresh):
         fresh.call("ping", timeout=1.5)
     elapsed = time.monotonic() - t0
     assert 1.5 <= elapsed < 4.0, elapsed
-    assert _gone(pid)  # killed (SIGKILL ends a stopped process) and reaped
+    assert gone(pid)  # killed (SIGKILL ends a stopped process) and reaped
     assert fresh.request("ping") not in (None, pid)  # the next call starts a fresh worker
     assert fresh.starts == 2
 
@@ -79,7 +72,7 @@ def test_deadline_applies_to_a_slow_worker_but_not_to_its_start(fresh, monkeypat
     with pytest.raises(DeviceTimeoutError, match="0.3 s"):
         fresh.request("sleep", seconds=5.0)
     assert time.monotonic() - t0 < 2.5
-    assert _gone(pid)
+    assert gone(pid)
     monkeypatch.setenv("KERAS_CCT_DEVICE_TIMEOUT", "0")  # no deadline
     assert fresh.request("sleep", seconds=0.5) == fresh.pid
 
@@ -169,7 +162,7 @@ def test_stalled_device_raises_the_typed_error_from_a_layer_and_from_fit(opencl_
         assert type(info.value) is DeviceTimeoutError, (run, type(info.value), info.value)
         assert opencl_device in str(info.value) and "KERAS_CCT_DEVICE_TIMEOUT" in str(info.value)
         assert 2.0 <= elapsed < 8.0, (run, elapsed)
-        assert _gone(pid)
+        assert gone(pid)
     monkeypatch.delenv("KERAS_CCT_DEVICE_TIMEOUT")
     # a fresh worker: the device computes again
     k = np.random.default_rng(2).standard_normal((3, 3, 3, 4)).astype(np.float32)
@@ -194,7 +187,7 @@ def test_a_stalled_worker_does_not_hold_up_exit(opencl_device, tmp_path):
     assert time.monotonic() - t0 < 20
     pid = int(out.stdout.split()[-1])
     for _ in range(50):
-        if _gone(pid):
+        if gone(pid):
             break
         time.sleep(0.1)
     else:

@@ -15,6 +15,7 @@ from keras_cct import CCTStrategy, HybridConv2D
 from keras_cct.errors import DeviceDroppedWarning, DeviceTimeoutError
 from tests.strategy import test_strategy as _ts
 from tests.strategy.test_strategy import _assert_same_weights, _data, _model
+from tests.processes import gone
 
 opencl = _ts.opencl  # the fixture: the OpenCL platform (skips without one, fails in CI)
 
@@ -22,14 +23,6 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
                                 reason="CCTStrategy runs on the TensorFlow backend")
 
 DEADLINE = 3.0
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 class _StopWorker(keras.callbacks.Callback):
@@ -64,7 +57,7 @@ def test_stalled_device_is_dropped_and_fit_gives_the_weights_without_it(opencl, 
     assert DEADLINE <= stalled_for < DEADLINE + 20, stalled_for  # not forever
     assert {r["device"]: r["active"] for r in s.report()} == {"tf:cpu:0": True,
                                                               "opencl:0:0": False}
-    assert _gone(stop.pid)  # the stopped worker was killed and reaped
+    assert gone(stop.pid)  # the stopped worker was killed and reaped
 
 
 def test_stalled_only_device_raises_the_typed_error_from_fit(opencl, monkeypatch):
@@ -87,7 +80,7 @@ def test_stalled_only_device_raises_the_typed_error_from_fit(opencl, monkeypatch
     # leaves TF's error as the context)
     cause = info.value.__cause__ or info.value.__context__
     assert isinstance(cause, tf.errors.UnknownError) and "DeviceTimeoutError" in str(cause)
-    assert _gone(stop.pid)
+    assert gone(stop.pid)
     assert np.all(s.active)  # the only device is kept: the next step starts a fresh worker
 
 
