@@ -9,13 +9,12 @@
 * :mod:`keras_cct.export` -- ONNX export.
 """
 
-__version__ = "0.1.0"
-
-from keras_cct import errors  # noqa: E402
-from keras_cct.devices import list_devices  # noqa: E402
-from keras_cct.export import export_onnx  # noqa: E402
-from keras_cct.layers import HybridConv2D  # noqa: E402
-from keras_cct.strategy import CCTStrategy, hybridize  # noqa: E402
+from keras_cct import errors
+from keras_cct._version import __version__
+from keras_cct.devices import list_devices
+from keras_cct.export import export_onnx
+from keras_cct.layers import HybridConv2D
+from keras_cct.strategy import CCTStrategy, hybridize
 
 __all__ = ["CCTStrategy", "HybridConv2D", "errors", "export_onnx", "hybridize", "list_devices",
            "__version__"]

@@ -46,3 +46,10 @@ def atomic_write(path: PathLike, data: Union[bytes, str]) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def cache_dir() -> Path:
+    """Folder of keras_cct's on-disk caches (the planner's choices, the devices' calibration):
+    ``$KERAS_CCT_CACHE_DIR`` or ``~/.cache/keras_cct``."""
+    env = os.environ.get("KERAS_CCT_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "keras_cct"

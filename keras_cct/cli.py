@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every available sub-command."""
     parser = argparse.ArgumentParser(
         prog="cct", description="keras_cct: Caffe con Troll for Keras 3")
-    from keras_cct import __version__
+    from keras_cct._version import __version__
     parser.add_argument("--version", action="version", version=f"keras_cct {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:

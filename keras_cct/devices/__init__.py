@@ -14,6 +14,7 @@ TensorFlow's clash in one process); arrays cross through shared memory. ``cct de
 the table.
 """
 
-from keras_cct.devices.registry import Device, calibrate, cache_dir, get_device, list_devices
+from keras_cct._files import cache_dir
+from keras_cct.devices.registry import Device, calibrate, get_device, list_devices
 
 __all__ = ["Device", "cache_dir", "calibrate", "get_device", "list_devices"]

@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Union
 
 import numpy as np
 
-from keras_cct._files import atomic_write
+from keras_cct._files import atomic_write, cache_dir
 from keras_cct._system import physical_memory
 from keras_cct.errors import DeviceError, KerasCCTError
 
@@ -63,12 +63,6 @@ class Device:
 
 
 # -- cache --------------------------------------------------------------------------------------
-def cache_dir() -> Path:
-    """``$KERAS_CCT_CACHE_DIR`` or ``~/.cache/keras_cct``."""
-    env = os.environ.get("KERAS_CCT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "keras_cct"
-
-
 def _cache_file() -> Path:
     return cache_dir() / "calibration.json"
 
@@ -100,7 +94,7 @@ def _write_cache(data: Dict[str, dict]) -> None:
 
 
 def _cache_key(device: Device) -> str:
-    from keras_cct import __version__
+    from keras_cct._version import __version__
     env = ",".join(f"{k}={v}" for k, v in sorted(device.env.items()))
     return f"{device.name}|{device.description}|{env}|{os.cpu_count()}|{__version__}|" \
            f"{CALIBRATION_VERSION}"

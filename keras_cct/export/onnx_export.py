@@ -352,7 +352,7 @@ def to_onnx_proto(model: keras.Model, *, opset: Optional[int] = None,
         out_names = [f"output_{i}" for i in range(len(proto.graph.output))]
     _rename_io(proto, in_names, out_names)
     proto.graph.name = model.name
-    from keras_cct import __version__
+    from keras_cct._version import __version__
 
     meta = proto.metadata_props.add()
     meta.key, meta.value = "keras_cct_version", __version__

@@ -35,7 +35,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from keras_cct._files import atomic_write
+from keras_cct._files import atomic_write, cache_dir
 from keras_cct._system import physical_memory
 from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering.cost import LOWERED_TYPES, Machine, cost, estimate_seconds
@@ -66,12 +66,6 @@ NATIVE_MARGIN = 0.05
 #: :data:`CONFIRM_FLOPS_PER_CALL` forward+backward flops per call).
 CONFIRM_BELOW = 1.3
 CONFIRM_FLOPS_PER_CALL = 24e9
-
-
-def cache_dir() -> Path:
-    """Folder of keras_cct's on-disk caches (``$KERAS_CCT_CACHE_DIR`` or ~/.cache/keras_cct)."""
-    env = os.environ.get("KERAS_CCT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "keras_cct"
 
 
 def _cpu_name() -> str:
@@ -254,7 +248,7 @@ def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, pad
 def _cache_key(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int,
                mode: str = "measure") -> str:
     import keras
-    from keras_cct import __version__
+    from keras_cct._version import __version__
     fields = dict(v=CACHE_VERSION, mode=mode, pkg=__version__, backend=keras.backend.backend(),
                   device=_device_name(), dtype=dtype, training=training, batch=batch,
                   cands=list(cands),
