@@ -220,11 +220,15 @@ def list_devices(*, calibrate: bool = True, opencl: bool = True, sub_devices: bo
     return [replace(d, gflops=_cached_gflops(d)) for d in devices]
 
 
+_ALIASES = {"torch:cpu": "torch:cpu:0", "torch:cuda": "torch:cuda:0"}
+
+
 def get_device(name: Union[str, Device], *, env: Optional[Mapping[str, str]] = None) -> Device:
     """The :class:`Device` called ``name`` (not calibrated: see :func:`calibrate`).
 
     Args:
-        name: e.g. ``"tf:cpu:0"``, ``"opencl:0:0"``, ``"opencl:0:0.1"``.
+        name: e.g. ``"tf:cpu:0"``, ``"jax:cpu:0"``, ``"torch:cpu"`` (or ``"torch:cpu:0"``),
+            ``"torch:cuda:0"``, ``"opencl:0:0"``, ``"opencl:0:0.1"``.
         env: for OpenCL devices, the worker's extra environment (for example
             ``{"POCL_MAX_PTHREAD_COUNT": "1"}`` to limit PoCL to one thread); a change restarts
             that device's worker.
@@ -234,6 +238,7 @@ def get_device(name: Union[str, Device], *, env: Optional[Mapping[str, str]] = N
     """
     if isinstance(name, Device):
         name = name.name
+    name = _ALIASES.get(name, name)
     if str(name).startswith("opencl:"):
         from keras_cct.devices.opencl.client import client_for, parse_opencl_name
         spec = parse_opencl_name(name)

@@ -137,7 +137,7 @@ def configure(workers: Union[str, Sequence[str], None] = None,
         ClusterError: bad ``workers``/``worker_index``, or no ``TF_CONFIG`` to use.
         DeviceError: the Keras backend is not TensorFlow.
     """
-    from keras_cct.strategy.core import _require_tensorflow
+    from keras_cct.strategy._tf import require_tensorflow as _require_tensorflow
     _require_tensorflow()
     if replica_device not in (None, "cpu", "gpu"):
         raise ClusterError(f"`replica_device` must be 'cpu', 'gpu' or None, got "

@@ -1,32 +1,25 @@
 """CCTStrategy: CcT's hybrid execution. Each convolution's mini-batch is split across devices in
 proportion to their throughput and the shards run concurrently.
 
-How a strategy-bound :class:`~keras_cct.HybridConv2D` computes (TensorFlow backend):
+This module holds what every Keras backend shares: the split state of each layer (fractions
+of each pass, rebalancing toward equal finish times, the report) and the strategy's API. The
+split op itself -- cutting the batch, launching the OpenCL shards first, computing the
+backend's shards, collecting and joining -- is one small module per backend, chosen once:
+:mod:`._tf` (``tf.device`` and host callbacks in the TF graph), :mod:`._jax` (host callbacks
+in the jit-compiled step, ``jax.custom_vjp``) and :mod:`._torch` (eager, an
+``autograd.Function``); the OpenCL shard on numpy arrays, shared by all three, is
+:mod:`._opencl`.
 
-1. A stateful host callback returns this step's shard sizes (integers summing to the batch)
-   from the layer's current fractions, so fractions can change between steps (rebalancing, a
-   dropped device) without retracing the training function.
-2. ``tf.split`` cuts the batch into contiguous shards; each runs on its device -- TF devices under
-   ``tf.device`` with their own lowering, OpenCL devices through their worker process -- and
-   ``tf.concat`` joins them in order. Gradients are autodiff's exact sums over shards: the split
-   changes speed, never results.
-3. OpenCL shards are asynchronous, like GPU launches: one op queues the request on the device
-   (the client's device thread copies the data and talks to the worker) and returns a ticket,
-   the TF shards start only after every launch, and another op collects the result. The
-   backward pass does the same (the OpenCL gradients are launched before the TF shards'
-   gradients start). Without this, a host thread that must wait for a core held by a TF shard
-   would start its device late and the shards would run one after the other.
-4. Each shard's forward and backward times are recorded (host markers around TF shards, the
-   request's own completion for OpenCL); with ``rebalance=True`` the fractions move toward
-   equal finish times in smoothed, bounded steps.
-5. If an OpenCL device fails during a step (it dies, or stalls past its deadline), its shard is
-   recomputed on the host, the device dropped (``DeviceDroppedWarning``), training goes on.
+The split changes speed, never results: each shard adds the bias on its own device, input
+gradients are joined, kernel and bias gradients summed. If an OpenCL device fails during a
+step (it dies, or stalls past its deadline), its shard is recomputed on the host, the device
+dropped (``DeviceDroppedWarning``), and training goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import importlib
 import itertools
 import threading
 import time
@@ -37,24 +30,21 @@ import numpy as np
 
 from keras_cct.errors import DeviceDroppedWarning, DeviceError
 from keras_cct.ops import failures
-from keras_cct.strategy import context, host
+from keras_cct.strategy import context
 
 SPLITS = ("flops", "measure")
 BACKWARD_SPLITS = ("auto", "own", "forward")
+_BACKENDS = {"tensorflow": "_tf", "jax": "_jax", "torch": "_torch"}
 
 
-def _require_tensorflow() -> None:
+def backend_module():
+    """The split op of the current Keras backend (:mod:`._tf`, :mod:`._jax`, :mod:`._torch`)."""
     import keras
-    if keras.backend.backend() != "tensorflow":
-        raise DeviceError(
-            f"CCTStrategy runs on the TensorFlow backend (it places shards with tf.device and "
-            f"overlaps them in one TF graph); the Keras backend is "
-            f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow.")
-
-
-def _tf_device_name(name: str) -> str:
-    _, kind, index = name.split(":")
-    return f"/{kind.upper()}:{index}"
+    name = keras.backend.backend()
+    if name not in _BACKENDS:
+        raise DeviceError(f"CCTStrategy runs on the tensorflow, jax and torch Keras backends, "
+                          f"not {name!r}")
+    return importlib.import_module(f"keras_cct.strategy.{_BACKENDS[name]}")
 
 
 PHASES = ("forward", "backward")
@@ -86,32 +76,47 @@ class _LayerPlan:
         self.lock = threading.Lock()
         self.phases = {p: _Phase(fractions) for p in PHASES}
         self.steps = 0
+        self.stale = False  # a compiled step's sizes differ from the fractions' (JAX)
 
-    # ---- called from TF's threads through host callbacks
-    def next_sizes(self, phase: str, tied: bool, batch) -> np.ndarray:
+    def sizes(self, phase: str, batch: int) -> np.ndarray:
+        """Shard sizes of ``phase`` from its current fractions (integers summing to
+        ``batch``; an inactive device gets none)."""
+        with self.lock:
+            return self._sizes(self.phases[phase], int(batch))
+
+    def _sizes(self, ph: _Phase, batch: int) -> np.ndarray:  # lock held
+        f = ph.fractions * self.strategy.active
+        if f.sum() <= 0:
+            f = self.strategy.active.astype(np.float64)
+        bounds = np.round(np.cumsum(f / f.sum()) * batch).astype(np.int64)
+        bounds[-1] = batch
+        return np.diff(np.concatenate([[0], bounds])).astype(np.int32)
+
+    # ---- called from the backend's threads through host callbacks
+    def next_sizes(self, phase: str, tied: bool, batch, fixed=None) -> np.ndarray:
         """This step's shard sizes of ``phase`` (integers summing to ``batch``), after moving
         its fractions toward equal finish times. ``tied``: the backward reuses the forward's
         shards (and its lowered data), so the forward is balanced on forward + backward time
-        and the backward phase mirrors it."""
+        and the backward phase mirrors it. ``fixed``: the sizes this step runs with (a
+        compiled step's static shapes, JAX); then the return value is the sizes the fractions
+        now ask for, and ``stale`` is set when they differ."""
         batch = int(batch)
         with self.lock:
             ph = self.phases[phase]
             bwd = self.phases["backward"]
             self._rebalance(ph, bwd if tied and phase == "forward" else None)
-            f = ph.fractions * self.strategy.active
-            if f.sum() <= 0:
-                f = self.strategy.active.astype(np.float64)
-            f = f / f.sum()
-            bounds = np.round(np.cumsum(f) * batch).astype(np.int64)
-            bounds[-1] = batch
-            ph.sizes = np.diff(np.concatenate([[0], bounds]))
-            ph.last = [None] * len(f)
+            wanted = self._sizes(ph, batch)
+            ph.sizes = wanted.astype(np.int64) if fixed is None else np.array(fixed, np.int64)
+            if fixed is not None and not np.array_equal(wanted, ph.sizes):
+                self.stale = True
+            n = len(ph.sizes)
+            ph.last = [None] * n
             if phase == "forward":
                 self.steps += 1
                 if tied:
                     bwd.fractions, bwd.sizes = ph.fractions.copy(), ph.sizes.copy()
-                    bwd.last = [None] * len(f)
-            return ph.sizes.astype(np.int32)
+                    bwd.last = [None] * n
+            return wanted
 
     def record(self, phase: str, i: int, seconds: float) -> None:
         with self.lock:
@@ -147,11 +152,12 @@ class CCTStrategy:
 
     Args:
         devices: device names from :func:`keras_cct.devices.list_devices` (``"tf:cpu:0"``,
-            ``"tf:gpu:0"``, ``"opencl:0:0"``, ``"opencl:0:0.1"``, ...) or
-            :class:`~keras_cct.devices.Device` objects (e.g. from ``get_device(name, env=...)``
-            to limit an OpenCL worker's threads). Default: every TF device plus every OpenCL
-            GPU/accelerator; OpenCL CPU devices share the cores TF already uses, so they are
-            used only when named.
+            ``"tf:gpu:0"``, ``"jax:cpu:0"``, ``"torch:cpu"``, ``"torch:cuda:0"``,
+            ``"opencl:0:0"``, ``"opencl:0:0.1"``, ...) or :class:`~keras_cct.devices.Device`
+            objects (e.g. from ``get_device(name, env=...)`` to limit an OpenCL worker's
+            threads). Default: every device of the Keras backend plus every OpenCL
+            GPU/accelerator; OpenCL CPU devices share the cores the backend already uses, so
+            they are used only when named.
         split: ``"flops"`` (fractions from each device's calibrated GFLOP/s), ``"measure"``
             (time each layer on each device once, when the layer is built), or a list of
             fractions, one per device.
@@ -171,14 +177,15 @@ class CCTStrategy:
 
     Use ``with strategy.scope():`` while building a model (HybridConv2D layers created inside
     use the strategy in ``fit``, ``evaluate`` and ``predict``), or
-    :func:`keras_cct.hybridize` for an existing model. TensorFlow backend only.
+    :func:`keras_cct.hybridize` for an existing model. TensorFlow, JAX and PyTorch backends
+    (see docs/strategy.md for what each supports).
     """
 
     def __init__(self, devices: Optional[Sequence[Union[str, object]]] = None,
                  split: Union[str, Sequence[float]] = "flops", rebalance: bool = True, *,
                  smoothing: float = 0.5, max_step: float = 0.1,
                  min_fraction: float = 0.02, backward_split: str = "auto") -> None:
-        _require_tensorflow()
+        self._impl = backend_module()
         failures.install_keras_hook()  # a device's typed error out of fit / evaluate / predict
         from keras_cct.devices import Device, get_device, list_devices
         if devices is None:
@@ -214,6 +221,7 @@ class CCTStrategy:
         self._lock = threading.Lock()
         self._tickets: Dict[int, object] = {}
         self._next_ticket = itertools.count(1)
+        self._impl.check(self)
 
     @property
     def device_names(self) -> List[str]:
@@ -246,34 +254,25 @@ class CCTStrategy:
         return self._measured_fractions(geo, lowering)
 
     def _measured_fractions(self, geo, lowering, batch: int = 8) -> np.ndarray:
-        import tensorflow as tf
         from keras_cct.devices.opencl.conv import conv2d_forward
-        from keras_cct.lowering import conv2d_geo
         rng = np.random.default_rng(0)
         x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels)).astype(np.float32)
         k = rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters)).astype(np.float32)
         seconds = []
-        with tf.init_scope():
-            for d in self.devices:
-                if d.is_opencl:
-                    def run(d=d):
-                        conv2d_forward(d.name, x, k, strides=(geo.sh, geo.sw), padding=geo.pad,
-                                       dilation_rate=(geo.dh, geo.dw), groups=geo.groups)
-                else:
-                    with tf.device(_tf_device_name(d.name)):
-                        tx, tk = tf.constant(x), tf.constant(k)
-                    fn = tf.function(lambda a, b: conv2d_geo(a, b, geo, lowering))
-
-                    def run(d=d, fn=fn, tx=tx, tk=tk):
-                        with tf.device(_tf_device_name(d.name)):
-                            fn(tx, tk).numpy()
+        for d in self.devices:
+            if d.is_opencl:
+                def run(d=d):
+                    conv2d_forward(d.name, x, k, strides=(geo.sh, geo.sw), padding=geo.pad,
+                                   dilation_rate=(geo.dh, geo.dw), groups=geo.groups)
+            else:
+                run = self._impl.timer(d, x, k, geo, lowering)
+            run()
+            best = float("inf")
+            for _ in range(2):
+                t0 = time.perf_counter()
                 run()
-                best = float("inf")
-                for _ in range(2):
-                    t0 = time.perf_counter()
-                    run()
-                    best = min(best, time.perf_counter() - t0)
-                seconds.append(best)
+                best = min(best, time.perf_counter() - t0)
+            seconds.append(best)
         rate = 1.0 / np.array(seconds)
         return rate / rate.sum()
 
@@ -355,6 +354,12 @@ class CCTStrategy:
     def _take_ticket(self, ticket: int) -> object:
         return self._tickets.pop(ticket, None)
 
+    @property
+    def supports_jit(self) -> bool:
+        """Whether a model under this strategy can be compiled by the backend (JAX: its host
+        callbacks run in the jit-compiled step; TF: no, they cannot be compiled by XLA)."""
+        return self._impl.SUPPORTS_JIT
+
     def split_conv(self, layer, x, kernel, geo, lowering: str, bias=None):
         """``x`` convolved with ``kernel`` (plus ``bias``, added by each shard on its own
         device so that the bias and its gradient are split too), its batch split across the
@@ -362,72 +367,17 @@ class CCTStrategy:
         *tied* (``backward_split``), the forward's shards and its lowered data.
 
         OpenCL shards are launched first (queued on their devices, which return at once,
-        like a GPU launch), then the TF shards compute, then the OpenCL results are
+        like a GPU launch), then the backend's shards compute, then the OpenCL results are
         collected; so the devices overlap whatever the host's thread scheduling.
         """
-        import tensorflow as tf
-        from keras_cct.lowering import _backend
-        plan = self._plan(layer, geo, lowering)
-        kernel = _backend.as_tensor(kernel)
-        b = [] if bias is None else [_backend.as_tensor(bias)]
+        return self._impl.split_conv(self, self._plan(layer, geo, lowering), x, kernel, geo,
+                                     lowering, bias)
 
-        need_dx = _records_gradient(x)
-        tied = self._tied_backward(geo, lowering, need_dx)
-
-        @tf.custom_gradient
-        def op(x, kernel, *b):
-            bias = b[0] if b else None
-            params = [kernel] + list(b)
-            saved: Dict[int, tuple] = {}  # tied: device -> (its conv's input, its output)
-
-            def tf_forward(i, xi):
-                yi = _shard_conv(xi, kernel, geo, lowering)
-                saved[i] = (xi, yi)
-                return [yi if bias is None else yi + bias]
-
-            def tf_backward(i, xi, dyi):
-                if tied:  # the forward's own gradient: its lowered data is reused
-                    xf, yf = saved[i]
-                    sources = ([xf] if need_dx else []) + [kernel]
-                    grads = tf.gradients(yf, sources, grad_ys=dyi)
-                else:
-                    sources = ([xi] if need_dx else []) + [kernel]
-                    with tf.GradientTape() as tape:
-                        tape.watch([xi, kernel])
-                        yi = _shard_conv(xi, kernel, geo, lowering)
-                    grads = tape.gradient(yi, sources, output_gradients=dyi)
-                # an empty shard's convolution (see _shard_conv) has no path to its sources
-                grads = [tf.zeros_like(s) if g is None else g for g, s in zip(grads, sources)]
-                return grads + ([tf.reduce_sum(dyi, axis=(0, 1, 2))] if b else [])
-
-            def join_backward(parts):
-                sums = [tf.add_n(p) for p in parts[1 if need_dx else 0:]]
-                return [tf.concat(parts[0], axis=0) if need_dx else None] + sums
-
-            (y,), sizes = self._run_split(plan, "forward", geo, x, None, params, tf_forward,
-                                          lambda parts: [tf.concat(parts[0], axis=0)],
-                                          tied=tied)
-            y.set_shape([x.shape[0], geo.out_h, geo.out_w, geo.filters])
-
-            def grad(dy):
-                outs, _ = self._run_split(plan, "backward", geo, x, dy, params, tf_backward,
-                                          join_backward, need_dx=need_dx,
-                                          sizes=sizes if tied else None)
-                for t, like in zip(outs, [x] + params):
-                    if t is not None:
-                        t.set_shape(like.shape)
-                return outs
-
-            return y, grad
-
-        return failures.call_typed(op, x, kernel, *b)  # eager: a device's error as itself
-
-    def _tied_backward(self, geo, lowering: str, need_dx: bool) -> bool:
+    def _tied_backward(self, geo, lowering: str, need_dx: bool, eager: bool = False) -> bool:
         """Whether the backward reuses the forward's shards (``backward_split``)."""
-        import tensorflow as tf
         from keras_cct.lowering.cost import Machine, cost
         from keras_cct.lowering.engine import MODES
-        if tf.executing_eagerly():  # no graph to take the forward's gradient from
+        if eager:  # no graph to take the forward's gradient from
             return False
         if self.backward_split != "auto":
             return self.backward_split == "forward"
@@ -440,171 +390,3 @@ class CCTStrategy:
             backward += c.gemm_flops / m.gemm_flops_per_s + \
                 c.backward_movement / m.move_elements_per_s
         return relower > 0.5 * backward
-
-    def _run_split(self, plan: _LayerPlan, phase: str, geo, x, dy, params, tf_compute, join,
-                   need_dx: bool = True, tied: bool = False, sizes=None):
-        """One pass of a split convolution: shard sizes from ``plan`` (or ``sizes``), the
-        OpenCL shards launched, the TF shards computed (``tf_compute(i, x_i[, dy_i])``,
-        timed), the OpenCL results collected; returns ``join`` of the per-shard outputs (a
-        list per output; the backward's are ``[dx, dkernel(, dbias)]``, without ``dx`` unless
-        ``need_dx``) and the sizes."""
-        import tensorflow as tf
-        n = len(self.devices)
-        if sizes is None:
-            sizes = tf.numpy_function(functools.partial(plan.next_sizes, phase, tied),
-                                      [tf.shape(x)[0]], tf.int32, stateful=True,
-                                      name=f"cct_{phase}_sizes")
-            sizes.set_shape((n,))
-        xs = tf.split(x, sizes, num=n, axis=0)
-        dys = [None] * n if dy is None else tf.split(dy, sizes, num=n, axis=0)
-        launched = {i: _OpenCLShard(self, plan, phase, i, geo, xs[i], dys[i], params, need_dx)
-                    for i, d in enumerate(self.devices) if d.is_opencl}
-        tickets = [shard.ticket for shard in launched.values()]
-        outs: List[Optional[list]] = [None] * n
-        for i, d in enumerate(self.devices):
-            if i in launched:
-                continue
-            with tf.device(_tf_device_name(d.name)):
-                with tf.control_dependencies(tickets):  # after every launch
-                    inputs = [tf.identity(xs[i])] + ([] if dy is None else [tf.identity(dys[i])])
-                outs[i] = _timed(functools.partial(plan.record, phase, i), inputs,
-                                 lambda *t, i=i: tf_compute(i, *t))
-        for i, shard in launched.items():
-            outs[i] = shard.collect()
-        return join([list(parts) for parts in zip(*outs)]), sizes
-
-
-def _shard_conv(xi, kernel, geo, lowering: str):
-    """The convolution of one TF shard, which may hold no image: TensorFlow's oneDNN
-    convolution answers an empty batch with a tensor of its *input's* shape (and its gradient
-    then fails), so the lowerings that run it get an empty output of the right shape there."""
-    import tensorflow as tf
-    from keras_cct.lowering import conv2d_geo
-    if lowering not in ("native", "space_to_depth"):
-        return conv2d_geo(xi, kernel, geo, lowering)
-    return tf.cond(tf.shape(xi)[0] > 0, lambda: conv2d_geo(xi, kernel, geo, lowering),
-                   lambda: tf.zeros((0, geo.out_h, geo.out_w, geo.filters), xi.dtype))
-
-
-def _records_gradient(x) -> bool:
-    """Whether a gradient tape records ``x``'s history, i.e. whether anything can ask for the
-    gradient with respect to ``x`` (False for a network's input: then its convolution's input
-    gradient, the whole col2im, is not computed). True when it cannot be told."""
-    try:
-        from tensorflow.python.eager import record
-        return bool(record.should_record_backprop([x]))
-    except Exception:  # noqa: BLE001 - a TF without this (private) helper: assume it is
-        return True
-
-
-def _timed(record, inputs, compute):
-    """``compute(*inputs)`` between two host markers; ``record(seconds)`` gets the time."""
-    import tensorflow as tf
-    clock: Dict[str, float] = {}
-
-    def start(_):
-        clock["t0"] = time.perf_counter()
-        return np.int64(0)
-
-    def end(*_):
-        if "t0" in clock:
-            record(time.perf_counter() - clock.pop("t0"))
-        return np.int64(0)
-
-    t0 = tf.numpy_function(start, [tf.shape(inputs[0])[0]], tf.int64, stateful=True,
-                           name="cct_shard_start")
-    with tf.control_dependencies([t0]):
-        inputs = [tf.identity(t) for t in inputs]
-    outs = compute(*inputs)
-    t1 = tf.numpy_function(end, [tf.reshape(o, [-1])[:1] for o in outs], tf.int64,
-                           stateful=True, name="cct_shard_end")
-    with tf.control_dependencies([t1]):
-        return [tf.identity(o) for o in outs]
-
-
-class _OpenCLShard:
-    """One OpenCL shard of one pass of a split convolution, computed asynchronously.
-
-    ``ticket`` (an int64 tensor) launches the request on the device; :meth:`collect` waits
-    for it and returns the outputs (forward: ``[y]``; backward: ``[dx, dkernel(, dbias)]``).
-    If the device fails, the shard is recomputed on the host (:mod:`keras_cct.strategy.host`)
-    and the device dropped.
-    """
-
-    def __init__(self, strategy: CCTStrategy, plan: _LayerPlan, phase: str, i: int, geo,
-                 x, dy, params, need_dx: bool = True) -> None:
-        import tensorflow as tf
-        self.strategy, self.plan, self.phase, self.i, self.geo = strategy, plan, phase, i, geo
-        self.need_dx = need_dx
-        self.name = strategy.devices[i].name
-        self.with_bias = len(params) == 2
-        self.inputs = [x] + ([] if dy is None else [dy]) + list(params)
-        self.kw = dict(strides=(geo.sh, geo.sw), padding=geo.pad,
-                       dilation_rate=(geo.dh, geo.dw), groups=geo.groups)
-        self.ticket = tf.numpy_function(self._launch, self.inputs, tf.int64, stateful=False,
-                                        name=f"cct_opencl_launch_{phase}")
-
-    def _launch(self, *arrays) -> np.int64:
-        """Queue the request on the device; returns the ticket :meth:`_collect` takes. An
-        inactive device, or one that refuses the request, gets none (the collector then
-        computes on the host)."""
-        from keras_cct.devices.opencl import conv
-        s = self.strategy
-        t0 = time.perf_counter()
-        future: object = None
-        if s.active[self.i]:
-            try:
-                if self.phase == "forward":
-                    x, k, *b = arrays
-                    future = conv.conv2d_forward(self.name, x, k, b[0] if b else None,
-                                                 wait=False, **self.kw)
-                else:
-                    x, dy, k = arrays[:3]
-                    future = conv.conv2d_backward(self.name, x, k, dy, wait=False,
-                                                  with_bias=self.with_bias,
-                                                  need_dx=self.need_dx, **self.kw)
-                future.add_done_callback(lambda f: f.exception() is None and self.plan.record(
-                    self.phase, self.i, time.perf_counter() - t0))
-            except DeviceError as exc:
-                future = exc
-        return s._put_ticket(future)
-
-    def _collect(self, ticket, *arrays):
-        s = self.strategy
-        future = s._take_ticket(int(ticket))
-        try:
-            if isinstance(future, BaseException):
-                raise future
-            if future is not None:
-                out = future.result()
-                return [out] if self.phase == "forward" else self._backward_outputs(*out)
-        except DeviceError as exc:
-            s._drop(self.i, self.plan.name, exc)
-        # on the host
-        if self.phase == "forward":
-            x, k, *b = arrays
-            y = host.forward(x, k, self.geo)
-            return [y + b[0] if b else y]
-        x, dy, k = arrays[:3]
-        dx, dk = host.backward(x, k, dy, self.geo)
-        return self._backward_outputs(dx, dk, dy.sum(axis=(0, 1, 2)))
-
-    def _backward_outputs(self, dx, dk, db) -> list:
-        return ([dx] if self.need_dx else []) + [dk] + ([db] if self.with_bias else [])
-
-    def collect(self) -> list:
-        import tensorflow as tf
-        n_out = 1 if self.phase == "forward" else (
-            int(self.need_dx) + 1 + int(self.with_bias))
-        outs = tf.numpy_function(self._collect, [self.ticket] + self.inputs,
-                                 [tf.float32] * n_out, stateful=False,
-                                 name=f"cct_opencl_shard_{self.phase}")
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        geo = self.geo
-        if self.phase == "forward":
-            outs[0].set_shape([None, geo.out_h, geo.out_w, geo.filters])
-        else:
-            x, _, *params = self.inputs
-            for t, like in zip(outs, ([x] if self.need_dx else []) + params):
-                t.set_shape(like.shape)
-        return outs
