@@ -1,0 +1,257 @@
+"""CCTStrategy on the JAX and PyTorch backends: (backend CPU, opencl:0:0) splits give the results
+of keras' own Conv2D (an independent reference), in the layer, in a compiled JAX step and
+through model.fit; rebalancing and failing devices behave as on TensorFlow."""
+
+import os
+import signal
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_cct import CCTStrategy, HybridConv2D
+from keras_cct.errors import DeviceDroppedWarning, WorkerError
+from tests import reference as ref
+from tests.backend_grads import layer_grads
+
+BACKEND = keras.backend.backend()
+pytestmark = pytest.mark.skipif(BACKEND not in ("jax", "torch"),
+                                reason="the JAX and PyTorch split (TF: test_strategy.py)")
+CPU = {"jax": "jax:cpu:0", "torch": "torch:cpu"}.get(BACKEND)
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def opencl():
+    """Skip without an OpenCL platform, but fail under CI=true (CI installs PoCL)."""
+    from keras_cct.devices import list_devices
+    from tests.conftest import IN_CI
+    names = [d.name for d in list_devices(calibrate=False) if d.is_opencl]
+    if "opencl:0:0" not in names:
+        if IN_CI:
+            pytest.fail("no OpenCL device: ci/test installs PoCL (pocl-opencl-icd)")
+        pytest.skip("no OpenCL platform on this machine (install pocl-opencl-icd)")
+    return names
+
+
+def _pair(strategy, x_shape, **kw):
+    """A strategy-bound HybridConv2D and keras' Conv2D with the same (non-zero) weights."""
+    with strategy.scope():
+        split = HybridConv2D(**kw)
+    split.build(x_shape)
+    rng = np.random.default_rng(7)
+    split.set_weights([rng.standard_normal(w.shape).astype("float32") * 0.3
+                       for w in split.get_weights()])
+    conv = keras.layers.Conv2D(**kw)
+    conv.build(x_shape)
+    conv.set_weights(split.get_weights())
+    return split, conv
+
+
+def _assert_close(got, want):
+    (y, g), (y0, g0) = got, want
+    assert ref.rel_err(y, y0) <= TOL
+    assert len(g) == len(g0)
+    for a, b in zip(g, g0):
+        assert ref.rel_err(a, b) <= TOL
+
+
+@pytest.mark.parametrize("batch", [1, 3, 10])
+def test_outputs_and_gradients_equal_conv2d(opencl, batch):
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.7, 0.3], rebalance=False)
+    split, conv = _pair(s, (batch, 11, 11, 6), filters=8, kernel_size=3, strides=2,
+                        padding="same", groups=2)
+    rng = np.random.default_rng(batch)
+    x = rng.standard_normal((batch, 11, 11, 6)).astype("float32")
+    dy = rng.standard_normal((batch, 6, 6, 8)).astype("float32")
+    _assert_close(layer_grads(split, x, dy), layer_grads(conv, x, dy))
+    rows = s.report()
+    expected = list(np.diff(np.round(np.cumsum([0.7, 0.3]) * batch).astype(int), prepend=0))
+    assert [r["images"] for r in rows] == expected
+    assert [r["bwd_images"] for r in rows] == expected
+    assert all(r["device"] in (CPU.replace("torch:cpu", "torch:cpu:0"), "opencl:0:0")
+               for r in rows)
+
+
+def test_a_backward_split_unlike_the_forward_gives_the_same_gradients(opencl):
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.7, 0.3], rebalance=False,
+                    backward_split="own")
+    split, conv = _pair(s, (10, 9, 9, 4), filters=6, kernel_size=3, padding="same")
+    split(np.zeros((10, 9, 9, 4), "float32"))  # makes the layer's plan
+    s._plans[id(split)].phases["backward"].fractions = np.array([0.2, 0.8])
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((10, 9, 9, 4)).astype("float32")
+    dy = rng.standard_normal((10, 9, 9, 6)).astype("float32")
+    _assert_close(layer_grads(split, x, dy), layer_grads(conv, x, dy))
+    rows = s.report()
+    assert [r["images"] for r in rows] == [7, 3]
+    assert [r["bwd_images"] for r in rows] == [2, 8]
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax.jit")
+@pytest.mark.parametrize("backward_split", ["forward", "own"])
+def test_jit_compiled_step_equals_conv2d(opencl, backward_split):
+    """Under jax.jit (host callbacks in the compiled step) the output and gradients are
+    Conv2D's; tied, the backward's shards are the forward's."""
+    import jax
+    import jax.numpy as jnp
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.6, 0.4], rebalance=False,
+                    backward_split=backward_split)
+    split, conv = _pair(s, (10, 9, 9, 16), filters=8, kernel_size=3, padding="same")
+    split(np.zeros((10, 9, 9, 16), "float32"))
+    if backward_split == "own":
+        s._plans[id(split)].phases["backward"].fractions = np.array([0.3, 0.7])
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((10, 9, 9, 16)).astype("float32")
+    dy = rng.standard_normal((10, 9, 9, 8)).astype("float32")
+
+    def step_of(layer):
+        def loss(xx, tw):
+            y, _ = layer.stateless_call(tw, [], xx)
+            return jnp.sum(y * dy), y
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+
+    for _ in range(2):  # the second call runs the compiled step again
+        got = step_of(split)(jnp.asarray(x), [w.value for w in split.trainable_weights])
+        want = step_of(conv)(jnp.asarray(x), [w.value for w in conv.trainable_weights])
+        (_, y), (dx, dw) = got
+        (_, y0), (dx0, dw0) = want
+        _assert_close((np.asarray(y), [np.asarray(dx)] + [np.asarray(g) for g in dw]),
+                      (np.asarray(y0), [np.asarray(dx0)] + [np.asarray(g) for g in dw0]))
+    rows = s.report()
+    tied = [r["bwd_images"] for r in rows] == [r["images"] for r in rows]
+    assert tied == (backward_split == "forward"), rows
+
+
+def _model(strategy=None):
+    """A small network of HybridConv2D under ``strategy``, or of keras Conv2D without."""
+    keras.utils.set_random_seed(3)
+    Conv = keras.layers.Conv2D if strategy is None else HybridConv2D
+    scope = strategy.scope() if strategy else _nullscope()
+    with scope:
+        inp = keras.Input((12, 12, 3))
+        h = Conv(8, 3, padding="same", activation="relu")(inp)
+        h = Conv(6, 3, strides=2, padding="same", groups=2)(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(3)(h))
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _nullscope:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _data(n=20):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, 12, 12, 3)).astype("float32")
+    return x, rng.integers(0, 3, n)
+
+
+def _assert_same_weights(a, b):
+    wa, wb = a.get_weights(), b.get_weights()
+    assert len(wa) == len(wb)
+    for u, v in zip(wa, wb):
+        assert ref.rel_err(u, v) <= TOL
+
+
+def test_fit_under_the_strategy_gives_conv2d_weights(opencl):
+    x, y = _data(20)
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.7, 0.3], rebalance=True)
+    model, baseline = _model(s), _model()
+    model.set_weights(baseline.get_weights())
+    # batch 4 -> five steps; then batch 3 with a partial last batch (20 = 6*3 + 2).
+    for batch in (4, 3):
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        baseline.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        _assert_same_weights(model, baseline)
+    np.testing.assert_allclose(model.predict(x[:7], batch_size=3, verbose=0),
+                               baseline.predict(x[:7], batch_size=3, verbose=0), rtol=1e-4,
+                               atol=1e-5)
+    assert model.jit_compile == (BACKEND == "jax")  # JAX: the step stays compiled
+    rows = s.report()
+    assert [r["device"] for r in rows] == s.device_names * 2 and all(r["active"] for r in rows)
+    assert all(np.isfinite(r["last_ms"]) and np.isfinite(r["last_bwd_ms"]) for r in rows)
+
+
+def test_rebalancing_moves_work_away_from_a_slow_device(opencl, monkeypatch):
+    import time as _time
+    from keras_cct.devices.opencl import conv as cl_conv
+    real = cl_conv.conv2d_forward
+
+    def slow(*args, **kwargs):
+        _time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cl_conv, "conv2d_forward", slow)
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.5, 0.5], rebalance=True)
+    model = _model(s)
+    x, y = _data(40)
+    log = s.callback(verbose=0)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[log])
+    rows = [r for r in s.report() if r["device"] == "opencl:0:0"]
+    assert all(r["fraction"] < 0.3 for r in rows), rows
+    assert all(r["images"] <= 2 for r in rows), rows  # the shards that ran, not only fractions
+    assert len(log.history) == 2
+
+
+def test_worker_killed_mid_fit_is_survived(opencl):
+    from keras_cct.devices.opencl.client import client_for
+    x, y = _data(24)
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.6, 0.4], rebalance=False)
+    model, baseline = _model(s), _model()
+    model.set_weights(baseline.get_weights())
+
+    class Kill(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                os.kill(client_for("opencl:0:0").pid, signal.SIGKILL)
+
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[Kill()])
+    baseline.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    _assert_same_weights(model, baseline)
+
+
+def test_device_failing_during_a_step_is_dropped_and_nothing_is_lost(opencl, monkeypatch):
+    from keras_cct.devices.opencl import conv as cl_conv
+    real, calls = cl_conv.conv2d_forward, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise WorkerError("opencl:0:0 worker died (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cl_conv, "conv2d_forward", flaky)
+    x, y = _data(24)
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.6, 0.4], rebalance=False)
+    model, baseline = _model(s), _model()
+    model.set_weights(baseline.get_weights())
+    with pytest.warns(DeviceDroppedWarning, match="opencl:0:0 failed"):
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    baseline.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    _assert_same_weights(model, baseline)
+    assert {r["device"]: r["active"] for r in s.report()} == {
+        s.device_names[0]: True, "opencl:0:0": False}
+    assert all(r["images"] == 0 for r in s.report() if r["device"] == "opencl:0:0")
+
+
+def test_backend_devices_are_listed_and_named():
+    from keras_cct.devices import get_device, list_devices
+    names = [d.name for d in list_devices(calibrate=False, opencl=False)]
+    assert get_device(CPU).name in names
+    s = CCTStrategy([CPU])
+    assert s.device_names == [get_device(CPU).name]
+    with pytest.raises(Exception, match="no device 'tf:cpu:0'"):
+        CCTStrategy(["tf:cpu:0"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with s.scope():
+            layer = HybridConv2D(2, 1)
+        assert layer._strategy is s
