@@ -104,7 +104,8 @@ class HybridConv2D(keras.layers.Layer):
 
     @property
     def supports_jit(self) -> bool:  # OpenCL devices and strategies use host callbacks
-        return self.device is None and getattr(self, "_strategy", None) is None
+        strategy = getattr(self, "_strategy", None)  # JAX's run in the compiled step
+        return self.device is None and (strategy is None or strategy.supports_jit)
 
     @supports_jit.setter
     def supports_jit(self, value) -> None:  # keras.layers.Layer assigns it in __init__

@@ -1,11 +1,276 @@
-"""CCTStrategy on the JAX backend: not yet (the split op is being written)."""
+"""CCTStrategy's split convolution on the JAX backend: host callbacks in the jit-compiled step.
+
+XLA compiles static shapes, so a compiled step's shard sizes are fixed when it is traced (from
+the layer's fractions then). In the step, in this order (data dependencies give it: each host
+callback takes the previous one's output, and the JAX shard's input adds the start marker's
+0.0):
+
+1. a host callback starts the pass: it moves the fractions toward equal finish times (the
+   shards' times of the last step) and notes when the fractions now ask for other sizes;
+2. each OpenCL shard is *launched* by a host callback (queued on its device's client thread,
+   which returns at once, like a GPU launch);
+3. the JAX shard computes on the JAX device with the layer's lowering, between two host
+   markers that time it;
+4. host callbacks collect the OpenCL results (on the host, with the device dropped, if it
+   failed), and the shards are joined in order.
+
+Gradients go through ``jax.custom_vjp``: the backward pass is split the same way, by fractions
+of its own, or *tied* to the forward's shards (``backward_split``), when the JAX shard's
+gradient reuses its forward's lowered data (``jax.vjp`` residuals).
+
+When a layer's fractions ask for other shard sizes than a compiled step has (rebalancing, a
+dropped device), Keras' step function is traced again before the next step (the trainer's
+``make_*_function`` is wrapped, see :func:`install_retrace`); rebalancing moves in bounded,
+smoothed steps, so this settles after a few steps. Outside ``jit`` every call reads the
+fractions afresh.
+
+One JAX device takes a shard: the default one (``jax:cpu:0``, or ``jax:gpu:0`` where JAX's
+default backend is a GPU). Several JAX devices scale out with ``keras.distribution``
+(``DataParallel``), under which the strategy's model also trains (docs/strategy.md).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
 
 from keras_cct.errors import DeviceError
+from keras_cct.strategy import _opencl
 
 PREFIX = "jax"
-SUPPORTS_JIT = False
+SUPPORTS_JIT = True  # host callbacks run inside the compiled step
+
+_GENERATION = [0]  # bumped when a compiled step's sizes no longer match the fractions
+_LOCK = threading.Lock()
 
 
 def check(strategy) -> None:
-    raise DeviceError("CCTStrategy does not run on the JAX backend yet; use the tensorflow or "
-                      "torch Keras backend")
+    """One JAX device (the default one) beside any OpenCL devices."""
+    import jax
+    from keras_cct.devices.registry import _backend_devices
+    own = [d.name for d in strategy.devices if not d.is_opencl]
+    default = _backend_devices()[0].name
+    if len(own) > 1 or (own and own[0] != default):
+        raise DeviceError(
+            f"CCTStrategy on JAX splits between JAX's default device ({default}, "
+            f"{jax.devices()[0]}) and OpenCL devices; got {own}. For several JAX devices use "
+            f"keras.distribution.DataParallel, under which a CCTStrategy model also trains")
+    install_retrace()
+
+
+def timer(device, x, k, geo, lowering):
+    """A function that runs ``x`` convolved with ``k`` once on backend ``device``."""
+    import jax
+    from keras_cct.lowering import conv2d_geo
+    fn = jax.jit(lambda a, b: conv2d_geo(a, b, geo, lowering))
+    xa, ka = jax.device_put(x), jax.device_put(k)
+    return lambda: fn(xa, ka).block_until_ready()
+
+
+def _stale(generation: int) -> None:
+    with _LOCK:
+        if _GENERATION[0] == generation:
+            _GENERATION[0] += 1
+
+
+def _callback(fn, result, *args):
+    """``fn(*args)`` on the host, in order with its data dependencies, never dropped."""
+    from jax.experimental import io_callback
+    return io_callback(fn, result, *args, ordered=False)
+
+
+def _gated(x, zero):
+    """``x`` that XLA can compute only after ``zero`` (a host callback's 0.0): a data
+    dependency, as an optimization barrier's unused outputs are pruned."""
+    return x + zero.astype(x.dtype)
+
+
+def _split(x, sizes):
+    out, o = [], 0
+    for n in sizes:
+        out.append(x[o:o + n])
+        o += n
+    return out
+
+
+def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
+    """See :meth:`CCTStrategy.split_conv`."""
+    import jax
+    import jax.numpy as jnp
+    from keras_cct.lowering import conv2d_geo
+    x = jnp.asarray(x)
+    params = [jnp.asarray(getattr(kernel, "value", kernel))] + (
+        [] if bias is None else [jnp.asarray(getattr(bias, "value", bias))])
+    batch = int(x.shape[0])
+    n = len(strategy.devices)
+    with_bias = bias is not None
+    tied = strategy._tied_backward(geo, lowering, True)
+    generation = _GENERATION[0]
+    fwd_sizes = [int(v) for v in plan.sizes("forward", batch)]
+    bwd_sizes = fwd_sizes if tied else [int(v) for v in plan.sizes("backward", batch)]
+    i32 = jax.ShapeDtypeStruct((), np.int32)
+    f32 = jax.ShapeDtypeStruct((), np.float32)
+
+    def begin(phase, sizes):
+        def start(_):
+            plan.next_sizes(phase, tied, batch, fixed=sizes)
+            if plan.stale:
+                plan.stale = False
+                _stale(generation)
+            return np.int32(0)
+        return _callback(start, i32, jnp.int32(batch))
+
+    def timed(phase, i, deps, compute, *inputs):
+        """``compute(*inputs)`` started after ``deps`` (host callbacks' outputs), between two
+        host markers; returns its outputs and the end marker's (a float32 0)."""
+        clock = {}
+
+        def start(*_):
+            clock["t0"] = time.perf_counter()
+            return np.float32(0)
+
+        def end(*_):
+            if "t0" in clock:
+                plan.record(phase, i, time.perf_counter() - clock.pop("t0"))
+            return np.float32(0)
+
+        zero = _callback(start, f32, *deps)
+        outs = compute(*[_gated(t, zero) for t in inputs])
+        flat = jax.tree_util.tree_leaves(outs)  # all of it computed before the end marker
+        return outs, _callback(end, f32, *[jnp.sum(o) for o in flat])
+
+    def opencl(phase, sizes, arrays_of, out_shapes, token, jax_compute):
+        """Launch the OpenCL shards (after ``token``), compute the JAX shard
+        (``jax_compute(i, deps)``, after the launches), collect (after the JAX shard); returns
+        the per-device outputs."""
+        outs = [None] * n
+        tickets = {}
+        kw = dict(need_dx=True, with_bias=with_bias)
+        for i, d in enumerate(strategy.devices):
+            if d.is_opencl and sizes[i] > 0:
+                def launch(_, *arrays, i=i):
+                    return np.int32(strategy._put_ticket(_opencl.launch(
+                        strategy, plan, phase, i, geo, arrays, **kw)))
+                tickets[i] = _callback(launch, i32, token, *arrays_of(i))
+        done = [token] + list(tickets.values())
+        for i, d in enumerate(strategy.devices):
+            if not d.is_opencl and sizes[i] > 0:
+                outs[i], end = jax_compute(i, done)
+                done = [end]
+        for i, ticket in tickets.items():
+            def collect(ticket, _, *arrays, i=i):
+                got = _opencl.collect(strategy, plan, phase, i, geo,
+                                      strategy._take_ticket(int(ticket)), arrays, **kw)
+                return tuple(np.asarray(g, np.float32) for g in got)
+            outs[i] = list(_callback(collect, out_shapes(i), ticket, done[0], *arrays_of(i)))
+        return outs
+
+    def forward(x, *params):
+        kernel, b = params[0], params[1:]
+        token = begin("forward", fwd_sizes)
+        xs = _split(x, fwd_sizes)
+        residual = [None] * n
+
+        def jax_compute(i, deps):
+            def conv(xi):
+                yi, vjp = jax.vjp(lambda a, k: conv2d_geo(a, k, geo, lowering), xi, kernel)
+                residual[i] = vjp if tied else None
+                return yi + b[0] if b else yi
+            return timed("forward", i, deps, conv, xs[i])
+
+        outs = opencl("forward", fwd_sizes, lambda i: [xs[i]] + list(params),
+                      lambda i: (jax.ShapeDtypeStruct(
+                          (fwd_sizes[i], geo.out_h, geo.out_w, geo.filters), np.float32),),
+                      token, jax_compute)
+        y = jnp.concatenate([o if not isinstance(o, list) else o[0]
+                             for o in outs if o is not None], axis=0)
+        return y, residual
+
+    def backward(x, dy, params, residual):
+        kernel, b = params[0], params[1:]
+        token = begin("backward", bwd_sizes)
+        xs, dys = _split(x, bwd_sizes), _split(dy, bwd_sizes)
+
+        def jax_compute(i, deps):
+            def grads(xi, dyi):
+                if residual[i] is not None:
+                    dxi, dki = residual[i](dyi)
+                else:
+                    _, vjp = jax.vjp(lambda a, k: conv2d_geo(a, k, geo, lowering), xi, kernel)
+                    dxi, dki = vjp(dyi)
+                return [dxi, dki] + ([jnp.sum(dyi, axis=(0, 1, 2))] if b else [])
+            return timed("backward", i, deps, grads, xs[i], dys[i])
+
+        outs = opencl("backward", bwd_sizes, lambda i: [xs[i], dys[i]] + list(params),
+                      lambda i: tuple(jax.ShapeDtypeStruct(s, np.float32) for s in (
+                          [(bwd_sizes[i],) + tuple(x.shape[1:])] + [p.shape for p in params])),
+                      token, jax_compute)
+        outs = [o for o in outs if o is not None]
+        dx = jnp.concatenate([o[0] for o in outs], axis=0)
+        return (dx,) + tuple(sum(o[j] for o in outs) for j in range(1, 1 + len(params)))
+
+    @jax.custom_vjp
+    def op(x, *params):
+        return forward(x, *params)[0]
+
+    def op_fwd(x, *params):
+        y, residual = forward(x, *params)
+        return y, (x, params, residual)
+
+    def op_bwd(res, dy):
+        x, params, residual = res
+        return backward(x, dy, params, residual)
+
+    op.defvjp(op_fwd, op_bwd)
+    return op(x, *params)
+
+
+# -- retracing a compiled step whose sizes went stale ----------------------------------------
+_FUNCTIONS = (("make_train_function", "train_function"),
+              ("make_test_function", "test_function"),
+              ("make_predict_function", "predict_function"))
+
+
+class _Retracing:
+    """A Keras trainer's step function that is made again (so traced again, with the sizes
+    the fractions now ask for) when a strategy's compiled sizes went stale since it was made."""
+
+    def __init__(self, trainer, make: str, attr: str, fn) -> None:
+        self.trainer, self.make, self.attr, self.__wrapped__ = trainer, make, attr, fn
+        self.generation = _GENERATION[0]
+
+    def __call__(self, *args, **kwargs):
+        if self.generation != _GENERATION[0]:
+            getattr(self.trainer, self.make)(force=True)
+            fn = getattr(self.trainer, self.attr)
+            if fn is not self:
+                return fn(*args, **kwargs)
+        return self.__wrapped__(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.__wrapped__, name)
+
+
+_INSTALLED = []
+
+
+def install_retrace() -> None:
+    """Wrap the JAX trainer's step functions in :class:`_Retracing` (once)."""
+    if _INSTALLED:
+        return
+    from keras.src.backend.jax.trainer import JAXTrainer
+    for make, attr in _FUNCTIONS:
+        original = getattr(JAXTrainer, make)
+
+        def made(self, *args, _original=original, _make=make, _attr=attr, **kwargs):
+            returned = _original(self, *args, **kwargs)
+            fn = getattr(self, _attr, None)
+            if fn is not None and not isinstance(fn, _Retracing):
+                setattr(self, _attr, _Retracing(self, _make, _attr, fn))
+            return returned
+
+        made.__name__, made.__doc__ = make, original.__doc__
+        setattr(JAXTrainer, make, made)
+    _INSTALLED.append(True)
