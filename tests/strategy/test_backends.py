@@ -255,3 +255,63 @@ def test_backend_devices_are_listed_and_named():
         with s.scope():
             layer = HybridConv2D(2, 1)
         assert layer._strategy is s
+
+
+def test_stalled_device_is_dropped_and_fit_gives_conv2d_weights(opencl, monkeypatch):
+    """A worker SIGSTOPped mid-fit (a hung driver) misses its deadline: its shard is
+    recomputed on the host, the device dropped, and the weights are Conv2D's."""
+    import time
+
+    from tests.processes import gone
+    from tests.strategy.test_stalled_device import DEADLINE, _StopWorker
+    monkeypatch.setenv("KERAS_CCT_DEVICE_TIMEOUT", str(DEADLINE))
+    x, y = _data(24)
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.7, 0.3], rebalance=False)
+    model, baseline = _model(s), _model()
+    model.set_weights(baseline.get_weights())
+    stop = _StopWorker(at=2)
+    with pytest.warns(DeviceDroppedWarning, match=r"opencl:0:0 failed .*did not answer "
+                                                  r"'conv_forward' within its deadline"):
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[stop])
+    stalled_for = time.monotonic() - stop.when
+    baseline.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    _assert_same_weights(model, baseline)
+    assert DEADLINE <= stalled_for < DEADLINE + 20, stalled_for
+    assert [r["active"] for r in s.report()] == [True, False] * 2
+    assert gone(stop.pid)
+
+
+def test_stalled_only_device_raises_the_typed_error_from_fit(opencl, monkeypatch):
+    from keras_cct.errors import DeviceTimeoutError
+    from tests.strategy.test_stalled_device import DEADLINE, _StopWorker
+    monkeypatch.setenv("KERAS_CCT_DEVICE_TIMEOUT", str(DEADLINE))
+    x, y = _data(8)
+    s = CCTStrategy(["opencl:0:0"], rebalance=False)
+    with s.scope():
+        model = keras.Sequential([keras.Input((12, 12, 3)), HybridConv2D(4, 3),
+                                  keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # warm
+    with pytest.raises(DeviceTimeoutError, match="opencl:0:0.*KERAS_CCT_DEVICE_TIMEOUT"):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[_StopWorker(at=0)])
+    assert np.all(s.active)  # the only device is kept: the next step starts a fresh worker
+
+
+def test_measure_split_and_hybridize(opencl):
+    """``split="measure"`` times the layer on each device; a hybridized Conv2D model gives
+    the model's outputs."""
+    from keras_cct import hybridize
+    s = CCTStrategy([CPU, "opencl:0:0"], split="measure", rebalance=False)
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((10, 10, 3))
+    h = keras.layers.Conv2D(6, 3, padding="same", activation="relu")(inp)
+    h = keras.layers.Conv2D(4, 3, strides=2, groups=2)(h)
+    model = keras.Model(inp, keras.layers.Flatten()(h))
+    hybrid = hybridize(model, s)
+    x = np.random.default_rng(0).standard_normal((5, 10, 10, 3)).astype("float32")
+    got = keras.ops.convert_to_numpy(hybrid(x))
+    assert ref.rel_err(got, keras.ops.convert_to_numpy(model(x))) <= TOL
+    for layer in hybrid.layers:
+        if isinstance(layer, HybridConv2D):
+            f = s.fractions(layer)
+            assert sum(f.values()) == pytest.approx(1) and all(v > 0 for v in f.values())
