@@ -315,3 +315,47 @@ def test_measure_split_and_hybridize(opencl):
         if isinstance(layer, HybridConv2D):
             f = s.fractions(layer)
             assert sum(f.values()) == pytest.approx(1) and all(v > 0 for v in f.values())
+
+
+_DATA_PARALLEL = """
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+import jax, keras
+from keras_cct import CCTStrategy
+from tests.strategy.test_backends import _data, _model
+from tests import reference as ref
+assert len(jax.devices()) == 2, jax.devices()
+x, y = _data(16)
+baseline = _model()  # keras Conv2D, one device, no distribution
+weights = baseline.get_weights()
+baseline.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
+s = CCTStrategy(["jax:cpu:0", "opencl:0:0"], split=[0.7, 0.3], rebalance=True)
+model = _model(s)
+model.set_weights(weights)
+model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+print(json.dumps({"jit": bool(model.jit_compile), "sharded": len(model.weights[0].value.sharding.device_set),
+                  "err": max(ref.rel_err(a, b) for a, b in zip(model.get_weights(), baseline.get_weights())),
+                  "images": [r["images"] for r in s.report()]}))
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.DataParallel on JAX")
+def test_strategy_model_trains_under_data_parallel(opencl):
+    """Under keras.distribution.DataParallel over two local JAX devices
+    (--xla_force_host_platform_device_count=2, in a subprocess), a CCTStrategy model's
+    compiled step trains: four steps give the weights of keras Conv2D on one device."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, KERAS_BACKEND="jax",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    run = subprocess.run([sys.executable, "-c", _DATA_PARALLEL], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["jit"] and out["sharded"] == 2, out
+    assert out["err"] <= TOL, out
+    assert all(n > 0 for n in out["images"]), out
