@@ -24,19 +24,22 @@ dropped device), Keras' step function is traced again before the next step (the 
 smoothed steps, so this settles after a few steps. Outside ``jit`` every call reads the
 fractions afresh.
 
-One JAX device takes a shard: the default one (``jax:cpu:0``, or ``jax:gpu:0`` where JAX's
-default backend is a GPU). Several JAX devices scale out with ``keras.distribution``
-(``DataParallel``), under which the strategy's model also trains (docs/strategy.md).
+The compiled step computes the shard of JAX's default device (``jax:cpu:0``, or ``jax:gpu:0``
+where JAX's default backend is a GPU). Other JAX devices' shards are launched like OpenCL
+ones, from host callbacks: their arrays are put on the device with ``jax.device_put`` and a
+function compiled for it runs there asynchronously (:class:`_Remote`). Under
+``keras.distribution.DataParallel`` the compiled step's own shard is itself data-parallel
+over the distribution's devices (docs/strategy.md).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Dict, Optional
 
 import numpy as np
 
-from keras_cct.errors import DeviceError
 from keras_cct.strategy import _opencl
 
 PREFIX = "jax"
@@ -47,17 +50,64 @@ _LOCK = threading.Lock()
 
 
 def check(strategy) -> None:
-    """One JAX device (the default one) beside any OpenCL devices."""
-    import jax
-    from keras_cct.devices.registry import _backend_devices
-    own = [d.name for d in strategy.devices if not d.is_opencl]
-    default = _backend_devices()[0].name
-    if len(own) > 1 or (own and own[0] != default):
-        raise DeviceError(
-            f"CCTStrategy on JAX splits between JAX's default device ({default}, "
-            f"{jax.devices()[0]}) and OpenCL devices; got {own}. For several JAX devices use "
-            f"keras.distribution.DataParallel, under which a CCTStrategy model also trains")
+    """JAX devices named once each; the step's own device (JAX's default one) computes its
+    shard in the compiled step, any other through host callbacks (see :func:`_Remote`)."""
     install_retrace()
+
+
+def _in_graph(strategy) -> Optional[int]:
+    """The index of the device whose shard the compiled step computes itself: JAX's default
+    device, when the strategy has it (the others are launched like OpenCL devices)."""
+    from keras_cct.devices.registry import _backend_devices
+    default = _backend_devices()[0].name
+    return next((i for i, d in enumerate(strategy.devices) if d.name == default), None)
+
+
+def _jax_device(name: str):
+    """The JAX device called ``name`` (numbered as :func:`keras_cct.devices.list_devices`)."""
+    import jax
+    _, kind, index = name.split(":")
+    found = jax.devices() + ([] if jax.default_backend() == "cpu" else jax.devices("cpu"))
+    return [d for d in found if ("cpu" if d.platform == "cpu" else "gpu") == kind][int(index)]
+
+
+class _Remote:
+    """A shard on another JAX device, launched from a host callback like an OpenCL shard: its
+    arrays are put on the device with ``jax.device_put`` and a function compiled for it is
+    dispatched (asynchronously: JAX returns at once); :meth:`result` waits. A thread notes
+    the shard's time when it is ready."""
+
+    _fns: Dict[tuple, object] = {}
+
+    def __init__(self, plan, phase: str, i: int, name: str, geo, lowering: str, arrays):
+        import jax
+        from keras_cct.lowering import conv2d_geo
+        key = (phase, name, geo, lowering, len(arrays))
+        fn = self._fns.get(key)
+        if fn is None:
+            def forward(x, k, *b):
+                y = conv2d_geo(x, k, geo, lowering)
+                return (y + b[0] if b else y,)
+
+            def backward(x, dy, k, *b):
+                _, vjp = jax.vjp(lambda a, kk: conv2d_geo(a, kk, geo, lowering), x, k)
+                return tuple(vjp(dy)) + ((dy.sum(axis=(0, 1, 2)),) if b else ())
+            fn = self._fns[key] = jax.jit(forward if phase == "forward" else backward)
+        t0, dev = time.perf_counter(), _jax_device(name)
+        self.out = fn(*[jax.device_put(a, dev) for a in arrays])
+        self.ready = threading.Event()
+
+        def wait():
+            try:
+                jax.block_until_ready(self.out)
+                plan.record(phase, i, time.perf_counter() - t0)
+            finally:
+                self.ready.set()
+        threading.Thread(target=wait, daemon=True, name=f"cct-{name}").start()
+
+    def result(self) -> list:
+        self.ready.wait()
+        return [np.asarray(o, np.float32) for o in self.out]
 
 
 def timer(device, x, k, geo, lowering):
@@ -108,6 +158,7 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
     with_bias = bias is not None
     tied = strategy._tied_backward(geo, lowering, True)
     generation = _GENERATION[0]
+    own = _in_graph(strategy)
     fwd_sizes = [int(v) for v in plan.sizes("forward", batch)]
     bwd_sizes = fwd_sizes if tied else [int(v) for v in plan.sizes("backward", batch)]
     i32 = jax.ShapeDtypeStruct((), np.int32)
@@ -141,28 +192,29 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
         flat = jax.tree_util.tree_leaves(outs)  # all of it computed before the end marker
         return outs, _callback(end, f32, *[jnp.sum(o) for o in flat])
 
-    def opencl(phase, sizes, arrays_of, out_shapes, token, jax_compute):
-        """Launch the OpenCL shards (after ``token``), compute the JAX shard
-        (``jax_compute(i, deps)``, after the launches), collect (after the JAX shard); returns
-        the per-device outputs."""
+    def launched(phase, sizes, arrays_of, out_shapes, token, jax_compute):
+        """Launch the OpenCL shards and those of other JAX devices (after ``token``),
+        compute the step's own shard (``jax_compute(i, deps)``, after the launches), collect
+        (after it); returns the per-device outputs."""
         outs = [None] * n
         tickets = {}
         kw = dict(need_dx=True, with_bias=with_bias)
         for i, d in enumerate(strategy.devices):
-            if d.is_opencl and sizes[i] > 0:
-                def launch(_, *arrays, i=i):
-                    return np.int32(strategy._put_ticket(_opencl.launch(
-                        strategy, plan, phase, i, geo, arrays, **kw)))
+            if i != own and sizes[i] > 0:
+                def launch(_, *arrays, i=i, d=d):
+                    shard = _opencl.launch(strategy, plan, phase, i, geo, arrays, **kw) \
+                        if d.is_opencl else _Remote(plan, phase, i, d.name, geo, lowering, arrays)
+                    return np.int32(strategy._put_ticket(shard))
                 tickets[i] = _callback(launch, i32, token, *arrays_of(i))
         done = [token] + list(tickets.values())
-        for i, d in enumerate(strategy.devices):
-            if not d.is_opencl and sizes[i] > 0:
-                outs[i], end = jax_compute(i, done)
-                done = [end]
+        if own is not None and sizes[own] > 0:
+            outs[own], end = jax_compute(own, done)
+            done = [end]
         for i, ticket in tickets.items():
             def collect(ticket, _, *arrays, i=i):
-                got = _opencl.collect(strategy, plan, phase, i, geo,
-                                      strategy._take_ticket(int(ticket)), arrays, **kw)
+                shard = strategy._take_ticket(int(ticket))
+                got = shard.result() if isinstance(shard, _Remote) else _opencl.collect(
+                    strategy, plan, phase, i, geo, shard, arrays, **kw)
                 return tuple(np.asarray(g, np.float32) for g in got)
             outs[i] = list(_callback(collect, out_shapes(i), ticket, done[0], *arrays_of(i)))
         return outs
@@ -180,7 +232,7 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
                 return yi + b[0] if b else yi
             return timed("forward", i, deps, conv, xs[i])
 
-        outs = opencl("forward", fwd_sizes, lambda i: [xs[i]] + list(params),
+        outs = launched("forward", fwd_sizes, lambda i: [xs[i]] + list(params),
                       lambda i: (jax.ShapeDtypeStruct(
                           (fwd_sizes[i], geo.out_h, geo.out_w, geo.filters), np.float32),),
                       token, jax_compute)
@@ -203,7 +255,7 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
                 return [dxi, dki] + ([jnp.sum(dyi, axis=(0, 1, 2))] if b else [])
             return timed("backward", i, deps, grads, xs[i], dys[i])
 
-        outs = opencl("backward", bwd_sizes, lambda i: [xs[i], dys[i]] + list(params),
+        outs = launched("backward", bwd_sizes, lambda i: [xs[i], dys[i]] + list(params),
                       lambda i: tuple(jax.ShapeDtypeStruct(s, np.float32) for s in (
                           [(bwd_sizes[i],) + tuple(x.shape[1:])] + [p.shape for p in params])),
                       token, jax_compute)

@@ -359,3 +359,51 @@ def test_strategy_model_trains_under_data_parallel(opencl):
     assert out["jit"] and out["sharded"] == 2, out
     assert out["err"] <= TOL, out
     assert all(n > 0 for n in out["images"]), out
+
+
+_TWO_JAX_DEVICES = """
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+import numpy as np
+from keras_cct import CCTStrategy
+from tests.strategy.test_backends import _data, _model, _pair, layer_grads
+from tests import reference as ref
+s = CCTStrategy(["jax:cpu:0", "jax:cpu:1", "opencl:0:0"], split=[0.5, 0.3, 0.2],
+                rebalance=False, backward_split="own")
+split, conv = _pair(s, (10, 9, 9, 4), filters=6, kernel_size=3, padding="same")
+rng = np.random.default_rng(3)
+x = rng.standard_normal((10, 9, 9, 4)).astype("float32")
+dy = rng.standard_normal((10, 9, 9, 6)).astype("float32")
+(y, g), (y0, g0) = layer_grads(split, x, dy), layer_grads(conv, x, dy)
+errs = [ref.rel_err(y, y0)] + [ref.rel_err(a, b) for a, b in zip(g, g0)]
+x, y = _data(20)
+s2 = CCTStrategy(["jax:cpu:0", "jax:cpu:1", "opencl:0:0"], split=[0.5, 0.3, 0.2])
+model, baseline = _model(s2), _model()
+model.set_weights(baseline.get_weights())
+for m in (model, baseline):
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+errs += [ref.rel_err(a, b) for a, b in zip(model.get_weights(), baseline.get_weights())]
+print(json.dumps({"err": max(errs), "images": [r["images"] for r in s.report()],
+                  "jit": bool(model.jit_compile),
+                  "timed": all(np.isfinite(r["last_ms"]) for r in s2.report())}))
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="several JAX devices")
+def test_a_second_jax_device_takes_a_shard(opencl):
+    """(jax:cpu:0, jax:cpu:1, opencl:0:0) at 0.5/0.3/0.2, two local JAX devices in a
+    subprocess: jax:cpu:1's shard runs on its device (launched from the compiled step);
+    outputs, gradients and five fit steps equal keras Conv2D's."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, KERAS_BACKEND="jax",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    run = subprocess.run([sys.executable, "-c", _TWO_JAX_DEVICES],
+                         cwd=Path(__file__).resolve().parents[2], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["err"] <= TOL and out["images"] == [5, 3, 2], out
+    assert out["jit"] and out["timed"], out
