@@ -22,6 +22,8 @@ import keras
 import numpy as np
 
 from keras_cct.errors import ExportError
+from keras_cct.layers.convert import conv_arguments
+from keras_cct.layers.hybrid_conv2d import HybridConv2D
 from keras_cct.lowering.geometry import normalize_pair, normalize_padding
 
 Pads = Tuple[Tuple[int, int], Tuple[int, int]]
@@ -119,17 +121,9 @@ class ExportConv2D(keras.layers.Layer):
         return tuple(out)
 
 
-def _hybrid_class():
-    try:
-        from keras_cct.layers import HybridConv2D
-    except ImportError:  # pragma: no cover - the layer is part of the package
-        return ()
-    return (HybridConv2D,)
-
-
 def needs_rewrite(layer) -> bool:
     """True for the layers the export replaces: HybridConv2D, and grouped ``keras`` Conv2D."""
-    if isinstance(layer, _hybrid_class()):
+    if isinstance(layer, HybridConv2D):
         return True
     return type(layer) is keras.layers.Conv2D and int(getattr(layer, "groups", 1)) > 1
 
@@ -140,16 +134,13 @@ def export_conv_for(layer) -> ExportConv2D:
         raise export_error(f"layer '{layer.name}' ({type(layer).__name__}) was never built, "
                            f"so it has no weights to export (call the model on data or build "
                            f"it with an input shape first)", layer.name)
-    padding = layer.padding
+    args = conv_arguments(layer)
+    padding = args["padding"]
     if isinstance(padding, str) and padding.lower() == "causal":
         raise export_error(f"layer '{layer.name}': padding='causal' is not supported by the "
                            f"export (use 'valid' with explicit padding)", layer.name)
-    return ExportConv2D(
-        layer.filters, layer.kernel_size, strides=layer.strides, padding=padding,
-        data_format=layer.data_format, dilation_rate=layer.dilation_rate,
-        groups=int(getattr(layer, "groups", 1)), activation=layer.activation,
-        use_bias=bool(layer.use_bias), weights=layer.get_weights(), name=layer.name,
-        dtype=layer.dtype_policy)
+    return ExportConv2D(args.pop("filters"), args.pop("kernel_size"), **args,
+                        weights=layer.get_weights(), name=layer.name, dtype=layer.dtype_policy)
 
 
 def _is_graph_model(model) -> bool:

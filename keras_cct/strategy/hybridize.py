@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
-
 import keras
 
 
@@ -16,14 +14,13 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto") -> k
         strategy: a :class:`~keras_cct.CCTStrategy`, or None for plain HybridConv2D layers.
         lowering: the new layers' ``lowering``.
     """
-    from keras_cct.layers import HybridConv2D
-    accepted = set(inspect.signature(HybridConv2D.__init__).parameters) | {"name", "dtype",
-                                                                           "trainable"}
+    # not at the top: keras_cct.layers.hybrid_conv2d imports keras_cct.strategy.context, whose
+    # package __init__ imports this module (a strategy <-> layers circle to break there)
+    from keras_cct.layers.convert import to_hybrid
 
     def clone(layer):
         if type(layer) is keras.layers.Conv2D:
-            config = {k: v for k, v in layer.get_config().items() if k in accepted}
-            new = HybridConv2D(**config, lowering=lowering)
+            new = to_hybrid(layer, lowering=lowering)
             new._strategy = strategy
             return new
         return layer.__class__.from_config(layer.get_config())

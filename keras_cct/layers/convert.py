@@ -1,0 +1,80 @@
+"""The one converter between :class:`~keras_cct.layers.HybridConv2D` and ``keras.layers.Conv2D``.
+
+* :func:`conv_arguments` -- the convolution arguments of either layer (what every conversion
+  reads: the ONNX export's plain convolution is made from them too).
+* :func:`to_hybrid` -- a ``Conv2D`` as an equal HybridConv2D (``hybridize``).
+* :func:`keras_conv_layers` / :func:`to_keras_conv` -- a convolution with explicit (Caffe)
+  padding as Keras' own layers: a ``ZeroPadding2D`` in front of a ``padding="valid"``
+  ``Conv2D`` (Conv2D has no explicit padding); used by the Caffe builder's ``conv_impl="keras"``
+  and by ``cct time --conv keras``.
+
+Both layers keep the kernel as ``(kh, kw, in_channels // groups, filters)``, so weights copy
+either way unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, List, Optional
+
+import keras
+
+from keras_cct.layers.hybrid_conv2d import HybridConv2D
+
+__all__ = ["CONV_ARGUMENTS", "conv_arguments", "to_hybrid", "keras_conv_layers",
+           "to_keras_conv"]
+
+#: the arguments that define a convolution (the rest are initializers, regularizers, ...)
+CONV_ARGUMENTS = ("filters", "kernel_size", "strides", "padding", "data_format",
+                  "dilation_rate", "groups", "activation", "use_bias")
+
+
+def conv_arguments(layer) -> Dict[str, Any]:
+    """:data:`CONV_ARGUMENTS` of a ``Conv2D`` or HybridConv2D, read from its attributes
+    (``padding``: ``"valid"``, ``"same"`` or HybridConv2D's ``((top, bottom), (left, right))``;
+    ``activation``: the callable)."""
+    args = {name: getattr(layer, name) for name in CONV_ARGUMENTS}
+    args["groups"] = int(getattr(layer, "groups", 1))
+    args["use_bias"] = bool(args["use_bias"])
+    return args
+
+
+def to_hybrid(layer: keras.layers.Conv2D, **overrides: Any) -> HybridConv2D:
+    """A HybridConv2D with ``layer``'s configuration (its name, dtype and trainability too);
+    ``overrides`` (e.g. ``lowering=``) are passed on. Weights are not copied."""
+    accepted = set(inspect.signature(HybridConv2D.__init__).parameters) | {"name", "dtype",
+                                                                           "trainable"}
+    config = {k: v for k, v in layer.get_config().items() if k in accepted}
+    config.update(overrides)
+    return HybridConv2D(**config)
+
+
+def keras_conv_layers(filters: int, kernel_size, *, padding="valid", name: Optional[str] = None,
+                      pad_name: Optional[str] = None, **kwargs: Any) -> List[keras.layers.Layer]:
+    """Keras' own layers for a convolution: ``[Conv2D]``, or ``[ZeroPadding2D, Conv2D]`` when
+    ``padding`` is explicit and not zero (an int, a pair, or ``((top, bottom), (left, right))``).
+
+    Args:
+        name: the Conv2D's name; ``pad_name``: the ZeroPadding2D's (default: Keras').
+        kwargs: the other ``Conv2D`` arguments (strides, dilation_rate, groups, use_bias, ...).
+    """
+    if isinstance(padding, str):
+        return [keras.layers.Conv2D(filters, kernel_size, padding=padding, name=name, **kwargs)]
+    conv = keras.layers.Conv2D(filters, kernel_size, padding="valid", name=name, **kwargs)
+    if padding in (0, (0, 0), ((0, 0), (0, 0))):
+        return [conv]
+    return [keras.layers.ZeroPadding2D(padding, name=pad_name), conv]
+
+
+def to_keras_conv(layer: HybridConv2D) -> keras.layers.Layer:
+    """A HybridConv2D as one Keras layer: a ``Conv2D`` of the same name, or, with explicit
+    padding, a ``Sequential`` of that name holding a ``ZeroPadding2D`` and the ``Conv2D``
+    (``<name>_conv``). Weights are not copied."""
+    args = conv_arguments(layer)
+    padding = args.pop("padding")
+    args.pop("data_format")
+    filters, kernel_size = args.pop("filters"), args.pop("kernel_size")
+    explicit = not isinstance(padding, str) and padding != ((0, 0), (0, 0))
+    layers = keras_conv_layers(filters, kernel_size, padding=padding,
+                               name=f"{layer.name}_conv" if explicit else layer.name, **args)
+    return layers[0] if len(layers) == 1 else keras.Sequential(layers, name=layer.name)
