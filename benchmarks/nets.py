@@ -83,7 +83,7 @@ def _net_file(name: str) -> Tuple[Path, int]:
             raise FileNotFoundError(f"{src} is absent (the Caffe nets live in ../shared; set "
                                     f"KERAS_CCT_CAFFE_MODELS)")
         return src, hw
-    from keras_cct.caffe.prototxt import read_net
+    from keras_cct.caffe.io.text import read_net
     src = Path(name)
     for lp in read_net(src).layer:
         if lp.type == "Input" and len(lp.input_param.shape):
@@ -105,7 +105,8 @@ def train_prototxt(name: str, batch: int, out_dir: Path, hw: Optional[int] = Non
     from google.protobuf import text_format
 
     from keras_cct.caffe import proto
-    from keras_cct.caffe.prototxt import filter_net, read_net
+    from keras_cct.caffe.io.filter import filter_net
+    from keras_cct.caffe.io.text import read_net
     src, size = _net_file(name)
     hw = hw or size
     shapes = {"data": (batch, 3, hw, hw)}
@@ -254,7 +255,7 @@ def layer_profile(path: Path, shapes: dict, rounds: int, progress=None) -> List[
 
     from benchmarks.torch_net import load_torch_net
     from keras_cct.caffe.train_commands import _backend_timers, _block, time_model
-    from keras_cct.caffe.weights import keras_name
+    from keras_cct.caffe.net.weights import keras_name
     model, batch = time_model(str(path), phase="TRAIN", random_data=True, input_shapes=shapes)
     fmodel = model.net
     layers = [l for l in fmodel.layers if not isinstance(l, keras.layers.InputLayer)]

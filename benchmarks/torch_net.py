@@ -127,7 +127,7 @@ class TorchCaffeNet(nn.Module):
                  phase: Optional[str] = "TRAIN"):
         super().__init__()
         if phase is not None:
-            from keras_cct.caffe.prototxt import filter_net
+            from keras_cct.caffe.io.filter import filter_net
             net_param = filter_net(net_param, phase=phase)
         self.steps: List[Tuple[str, str, List[str], List[str], object]] = []
         self.input_shapes: Dict[str, Tuple[int, ...]] = {}
@@ -335,7 +335,7 @@ class TorchCaffeNet(nn.Module):
 def load_torch_net(path, input_shapes: Dict[str, Sequence[int]], phase: str = "TRAIN"
                    ) -> TorchCaffeNet:
     """The net of ``path`` (a .prototxt, read with keras_cct's reader) as a module."""
-    from keras_cct.caffe.prototxt import read_net
+    from keras_cct.caffe.io.text import read_net
     return TorchCaffeNet(read_net(path), input_shapes, phase=phase)
 
 
@@ -357,7 +357,7 @@ def load_caffemodel(net: TorchCaffeNet, path) -> int:
     convolution ``(O, I/g, kh, kw)``, inner product ``(out, in)``); the number of layers
     filled."""
     import numpy as np
-    from keras_cct.caffe.prototxt import blob_to_array, read_caffemodel
+    from keras_cct.caffe.io.binary import blob_to_array, read_caffemodel
     blobs = {lp.name: [blob_to_array(b) for b in lp.blobs]
              for lp in read_caffemodel(path).layer if len(lp.blobs)}
     filled = 0

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     parser.add_argument("--min-accuracy", type=float, default=0.97)
     args = parser.parse_args(argv)
 
-    from keras_cct.caffe.solver import load_solver
+    from keras_cct.caffe.train.solver import load_solver
     from keras_cct.cli import main as cct
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="cct_lenet_"))

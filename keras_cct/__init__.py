@@ -7,14 +7,29 @@
 * :mod:`keras_cct.devices` -- device discovery, FLOPS calibration, OpenCL kernels.
 * :mod:`keras_cct.caffe` -- Caffe prototxt / caffemodel / solver compatibility.
 * :mod:`keras_cct.export` -- ONNX export.
+
+The names below are imported on first use (PEP 562), so that importing a light sub-package
+(``keras_cct.caffe.io`` reads Caffe's files with protobuf and numpy only) does not import Keras.
 """
 
 from keras_cct import errors
+from keras_cct._lazy import lazy_attributes
 from keras_cct._version import __version__
-from keras_cct.devices import list_devices
-from keras_cct.export import export_onnx
-from keras_cct.layers import HybridConv2D
-from keras_cct.strategy import CCTStrategy, hybridize
+
+_EXPORTS = {
+    "CCTStrategy": "keras_cct.strategy",
+    "HybridConv2D": "keras_cct.layers",
+    "export_onnx": "keras_cct.export",
+    "hybridize": "keras_cct.strategy",
+    "list_devices": "keras_cct.devices",
+}
 
 __all__ = ["CCTStrategy", "HybridConv2D", "errors", "export_onnx", "hybridize", "list_devices",
            "__version__"]
+
+
+#: sub-packages reachable as attributes of the root (``keras_cct.caffe.load_net``)
+_SUBPACKAGES = {name: f"keras_cct.{name}" for name in
+                ("caffe", "devices", "export", "layers", "lowering", "ops", "strategy")}
+
+__getattr__, __dir__ = lazy_attributes(globals(), _EXPORTS, _SUBPACKAGES)

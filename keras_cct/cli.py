@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import List, Optional
 
+from keras_cct._version import __version__
+
 # Modules that provide sub-commands, in the order they appear in ``cct --help``.
 COMMAND_MODULES = (
     "keras_cct.caffe.commands",
@@ -26,17 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every available sub-command."""
     parser = argparse.ArgumentParser(
         prog="cct", description="keras_cct: Caffe con Troll for Keras 3")
-    from keras_cct._version import __version__
     parser.add_argument("--version", action="version", version=f"keras_cct {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # that concern is not built yet
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
@@ -48,7 +43,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _prefetchers() -> list:
     """keras_cct's data-prefetch iterators running now."""
-    data = sys.modules.get("keras_cct.caffe.data")
+    data = sys.modules.get("keras_cct.caffe.train.prefetch")
     return data.running_prefetchers() if data is not None else []
 
 
@@ -56,7 +51,7 @@ def _stop_background_threads(keep: list) -> None:
     """Stop the data-prefetch threads a command started (they may hold h5py's or LMDB's locks,
     which would block the interpreter's shutdown); those running before it (``keep``: a
     caller's own, when ``main`` runs in-process) are left alone."""
-    data = sys.modules.get("keras_cct.caffe.data")
+    data = sys.modules.get("keras_cct.caffe.train.prefetch")
     if data is not None:
         data.stop_prefetchers(keep=keep)
 

@@ -399,7 +399,7 @@ def test_nets_torch_translator_matches_keras(tmp_path):
     from benchmarks.nets import train_prototxt
     from benchmarks.torch_net import load_caffemodel, load_torch_net
     from keras_cct.caffe.train_commands import time_model
-    from keras_cct.caffe.weights import save_weights
+    from keras_cct.caffe.net.weights import save_weights
     src = tmp_path / "tiny.prototxt"
     src.write_text(_NETS_DEPLOY)
     path, shapes = train_prototxt(str(src), 3, tmp_path)

@@ -1,54 +1,55 @@
-"""Caffe compatibility: proto schema, prototxt / caffemodel / solver readers, the network
-builder, and Caffe's data layers.
+"""Caffe compatibility, in three layers whose imports run one way (io <- net <- train <- the
+``cct`` commands):
 
-Public API (imported lazily, so ``import keras_cct.caffe.proto`` stays light):
+* :mod:`keras_cct.caffe.io` -- Caffe's files with protobuf and numpy only (no Keras): schema,
+  prototxt / caffemodel / binaryproto / solverstate readers and writers, format upgrades, the
+  phase filter, LMDB.
+* :mod:`keras_cct.caffe.net` -- nets as Keras models: the builder, layers with Caffe's
+  semantics, losses, weights.
+* :mod:`keras_cct.caffe.train` -- the optimizer, solver files, data layers, the solver.
+* ``commands``, ``train_commands``, ``cli_args`` -- the ``cct`` sub-commands.
+
+Public API (imported lazily, so ``import keras_cct.caffe`` stays light):
 
 * :func:`load_net` -- prototxt [+ caffemodel] -> ``keras.Model``; :func:`import_net` returns
   the :class:`CaffeNet` (model, inputs, outputs, heads) instead.
 * :func:`build_net` -- a ``NetParameter`` -> :class:`CaffeNet` for one phase (training uses it).
 * :func:`load_weights` / :func:`save_weights` -- .caffemodel <-> Keras variables.
 * :func:`read_net`, :func:`read_caffemodel`, :func:`read_binaryproto`, :func:`blob_to_array`,
-  :func:`array_to_blob` -- file readers (``keras_cct.caffe.prototxt``).
-* :func:`load_solver` -- a solver.prototxt -> a training solver (``keras_cct.caffe.solver``).
-* :mod:`keras_cct.caffe.proto` -- Caffe's protobuf message classes.
+  :func:`array_to_blob` -- file readers (:mod:`keras_cct.caffe.io`).
+* :func:`load_solver` -- a solver.prototxt -> a training :class:`Solver`.
+* ``proto`` -- Caffe's protobuf message classes (:mod:`keras_cct.caffe.io.proto`).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from keras_cct._lazy import lazy_attributes
 
 _EXPORTS = {
-    "build_net": "keras_cct.caffe.builder",
-    "load_net": "keras_cct.caffe.builder",
-    "import_net": "keras_cct.caffe.builder",
-    "CaffeNet": "keras_cct.caffe.builder",
-    "Head": "keras_cct.caffe.builder",
-    "SUPPORTED_TYPES": "keras_cct.caffe.builder",
-    "load_weights": "keras_cct.caffe.weights",
-    "save_weights": "keras_cct.caffe.weights",
-    "read_net": "keras_cct.caffe.prototxt",
-    "parse_net": "keras_cct.caffe.prototxt",
-    "read_caffemodel": "keras_cct.caffe.prototxt",
-    "read_binaryproto": "keras_cct.caffe.prototxt",
-    "write_binaryproto": "keras_cct.caffe.prototxt",
-    "blob_to_array": "keras_cct.caffe.prototxt",
-    "array_to_blob": "keras_cct.caffe.prototxt",
-    "filter_net": "keras_cct.caffe.prototxt",
-    "load_solver": "keras_cct.caffe.solver",
+    "build_net": "keras_cct.caffe.net.builder",
+    "load_net": "keras_cct.caffe.net.builder",
+    "import_net": "keras_cct.caffe.net.builder",
+    "CaffeNet": "keras_cct.caffe.net.builder",
+    "SUPPORTED_TYPES": "keras_cct.caffe.net.builder",
+    "Head": "keras_cct.caffe.net.losses",
+    "load_weights": "keras_cct.caffe.net.weights",
+    "save_weights": "keras_cct.caffe.net.weights",
+    "read_net": "keras_cct.caffe.io.text",
+    "parse_net": "keras_cct.caffe.io.text",
+    "read_caffemodel": "keras_cct.caffe.io.binary",
+    "read_binaryproto": "keras_cct.caffe.io.binary",
+    "write_binaryproto": "keras_cct.caffe.io.binary",
+    "blob_to_array": "keras_cct.caffe.io.binary",
+    "array_to_blob": "keras_cct.caffe.io.binary",
+    "filter_net": "keras_cct.caffe.io.filter",
+    "load_solver": "keras_cct.caffe.train.solver",
+    "Solver": "keras_cct.caffe.train.solver",
 }
 
-__all__ = sorted(_EXPORTS)
+#: modules reachable as attributes (``from keras_cct.caffe import proto``)
+_MODULES = {"proto": "keras_cct.caffe.io.proto"}
+
+__all__ = sorted(_EXPORTS) + sorted(_MODULES)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'keras_cct.caffe' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_attributes(globals(), _EXPORTS, _MODULES)

@@ -10,7 +10,13 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from keras_cct._args import check_device_name, check_input_shapes, check_output_dir
+from keras_cct._args import (check_device_name, check_input_shapes, check_output_dir,
+                             check_output_file)
+from keras_cct.caffe.io.filter import filter_net
+from keras_cct.caffe.io.text import read_net
+from keras_cct.caffe.io.types import DATA_TYPES
+from keras_cct.caffe.io.validate import max_bytes
+from keras_cct.caffe.train.data import layer_batch
 from keras_cct.errors import DataError, KerasCCTError
 
 
@@ -79,10 +85,6 @@ def check_time_inputs(args: argparse.Namespace, shapes: dict) -> bool:
       ``caffe time`` does;
     * ``--batch`` times the inputs' size stays under the memory bound of the Caffe readers
       (``KERAS_CCT_CAFFE_MAX_BYTES``)."""
-    from keras_cct.caffe.builder import DATA_TYPES
-    from keras_cct.caffe.data import _layer_batch
-    from keras_cct.caffe.prototxt import filter_net, read_net
-    from keras_cct.caffe.validate import max_bytes
     fp = filter_net(read_net(args.model), phase=args.phase, stages=list(args.stage or ()))
     inputs = _input_dims(fp)
     known = list(fp.input)
@@ -110,7 +112,7 @@ def check_time_inputs(args: argparse.Namespace, shapes: dict) -> bool:
     if random_data:
         return True
     for lp in data_layers:
-        bs = _layer_batch(lp)  # 0 for the layers that read no source
+        bs = layer_batch(lp)  # 0 for the layers that read no source
         for top in lp.top:
             if top in shapes and bs and shapes[top][0] != bs:
                 raise KerasCCTError(
@@ -123,8 +125,6 @@ def check_time_inputs(args: argparse.Namespace, shapes: dict) -> bool:
 def check_test_net(args: argparse.Namespace) -> None:
     """``cct test`` scores batches read by the net's data layers: a net whose inputs are only
     Input blobs (a deploy net) has nothing to score."""
-    from keras_cct.caffe.builder import DATA_TYPES
-    from keras_cct.caffe.prototxt import filter_net, read_net
     fp = filter_net(read_net(args.model), phase=args.phase, stages=list(args.stage or ()))
     inputs = _input_dims(fp)
     if inputs and not any(lp.type in DATA_TYPES for lp in fp.layer):
@@ -184,7 +184,6 @@ def load_npz(path: str) -> Tuple[np.ndarray, np.ndarray]:
 def check_data_args(args: argparse.Namespace) -> None:
     """``cct data``: both resize sizes or neither, the source exists, the DB folder and
     ``--mean`` file can be written."""
-    from keras_cct._args import check_output_file
     if bool(args.resize_height) != bool(args.resize_width):
         raise KerasCCTError(f"--resize-height {args.resize_height} --resize-width "
                             f"{args.resize_width}: give both sizes (or neither)")

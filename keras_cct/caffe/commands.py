@@ -14,6 +14,8 @@ from typing import List, Tuple
 
 from keras_cct._args import check_output_file
 from keras_cct._files import atomic_path
+from keras_cct.caffe.io.types import DATA_TYPES
+from keras_cct.caffe.net.weights import keras_name
 from keras_cct.errors import CaffeFormatError
 
 
@@ -53,7 +55,8 @@ def register(subparsers) -> None:
 
 
 def _import(args):
-    from keras_cct.caffe.builder import import_net
+    # Keras loads here, not when `cct` starts (its sub-commands are registered at start-up)
+    from keras_cct.caffe.net.builder import import_net
     return import_net(args.prototxt, getattr(args, "weights", None), phase=args.phase,
                       stages=args.stage, input_shape=args.input_shape,
                       strict=not getattr(args, "no_strict", False))
@@ -77,9 +80,7 @@ def _convert(args) -> int:
 
 def info_rows(net) -> List[Tuple[str, str, str, str, int]]:
     """(layer, type, 'bottoms -> tops', Caffe output shape, parameters) for each layer."""
-    from keras_cct.caffe.builder import DATA_TYPES
-    from keras_cct.caffe.weights import keras_name
-    from keras_cct.layers.caffe_layers import caffe_shape
+    from keras_cct.caffe.net.layout import caffe_shape  # imports Keras (loaded by then)
     rows = []
     names = {layer.name: layer for layer in net.model.layers}
     for lp in net.net_param.layer:

@@ -25,9 +25,17 @@ from typing import List, Optional
 import numpy as np
 
 from keras_cct._args import nonneg_int, positive_int
+from keras_cct.caffe.cli_args import (check_data_args, check_one_device, check_snapshot_folder,
+                                      check_test_net, check_time_inputs, load_npz)
 from keras_cct.caffe.cli_args import device_names as _device_names
 from keras_cct.caffe.cli_args import parse_shapes as _parse_shapes
+from keras_cct.caffe.io.binary import write_binaryproto
+from keras_cct.caffe.io.lmdb_io import DatumReader, convert_imageset, write_arrays
+from keras_cct.caffe.train.data import merge_batches
 from keras_cct.errors import DataError, KerasCCTError
+
+# Keras (and what imports it: the nets, the solver, the strategies) is imported inside the
+# commands that use it, not when `cct` starts and registers every sub-command.
 
 
 def _set_lowering_and_device(model, lowering: Optional[str], devices: Optional[str]) -> None:
@@ -39,7 +47,6 @@ def _set_lowering_and_device(model, lowering: Optional[str], devices: Optional[s
         return
     device = None
     if devices:
-        from keras_cct.caffe.cli_args import check_one_device
         check_one_device(devices)  # one name, of a device that exists
         name = _device_names(devices)[0]
         device = None if name in ("cpu", "auto", "keras") else name
@@ -56,24 +63,15 @@ def _set_lowering_and_device(model, lowering: Optional[str], devices: Optional[s
 
 def keras_conv_model(model):
     """A copy of ``model`` whose HybridConv2D layers are ``keras.layers.Conv2D`` (explicit
-    Caffe padding becomes a ``ZeroPadding2D`` in front), for comparisons. Weights are not
-    copied."""
+    Caffe padding becomes a ``ZeroPadding2D`` in front: :func:`keras_cct.layers.convert.
+    to_keras_conv`), for comparisons. Weights are not copied."""
     import keras
+    from keras_cct.layers.convert import to_keras_conv
 
     def swap(layer):
         if type(layer).__name__ != "HybridConv2D":
             return layer.__class__.from_config(layer.get_config())
-        pad = layer.padding
-        explicit = not isinstance(pad, str)
-        conv = keras.layers.Conv2D(
-            layer.filters, layer.kernel_size, strides=layer.strides,
-            padding="valid" if explicit else pad, dilation_rate=layer.dilation_rate,
-            groups=layer.groups, use_bias=layer.use_bias, activation=layer.activation,
-            name=layer.name if not explicit or pad == ((0, 0), (0, 0)) else
-            f"{layer.name}_conv")
-        if not explicit or pad == ((0, 0), (0, 0)):
-            return conv
-        return keras.Sequential([keras.layers.ZeroPadding2D(pad), conv], name=layer.name)
+        return to_keras_conv(layer)
 
     return keras.models.clone_model(model, clone_function=swap)
 
@@ -163,7 +161,6 @@ def _train(args: argparse.Namespace) -> int:
                             f"(e.g. --devices tf:cpu:0,opencl:0:0); give them or drop --split")
     split = _parse_split(args.split, names) if len(names) > 1 else None
     if args.devices is not None and len(names) < 2:
-        from keras_cct.caffe.cli_args import check_one_device
         check_one_device(args.devices)  # before the data readers start
     spec = _cluster_args(args)
     mwms, shares = None, None
@@ -182,11 +179,10 @@ def _train(args: argparse.Namespace) -> int:
             raise
         except ValueError as exc:
             raise KerasCCTError(f"--devices {args.devices}: {exc}") from None
-    from keras_cct.caffe.solver import load_solver
+    from keras_cct.caffe.train.solver import load_solver
     solver = load_solver(args.solver, weights=args.weights, progress=args.progress,
                          snapshot_prefix=args.snapshot_prefix, strategy=strategy, cluster=mwms,
                          shares=shares)
-    from keras_cct.caffe.cli_args import check_snapshot_folder
     check_snapshot_folder(solver)
     one_device = args.devices if len(names) == 1 else None
     for m in [solver.train_model.net] + [t.net for t in solver.test_nets]:
@@ -217,8 +213,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from keras_cct.caffe.cli_args import check_one_device, check_test_net
-    from keras_cct.caffe.train import build_phase_net, run_test
+    from keras_cct.caffe.train.model import build_phase_net, run_test
     check_test_net(args)
     check_one_device(args.devices)
     model, sources, _ = build_phase_net(args.model, phase=args.phase,
@@ -310,15 +305,13 @@ def time_model(model_path: str, *, phase: str = "TRAIN", stages=(), weights=None
                devices=None, conv: str = "hybrid"):
     """``(CaffeTrainModel, batch)``: the net and the one batch ``cct time`` times, built as
     ``cct time`` builds them (the benchmarks reuse it). The model is not compiled."""
-    from keras_cct.caffe.data import merge_batches
-    from keras_cct.caffe.train import build_phase_net
+    from keras_cct.caffe.train.model import CaffeTrainModel, build_phase_net
     model, sources, net = build_phase_net(model_path, phase=phase, stages=stages or (),
                                           weights=weights, batch=batch,
                                           random_data=random_data,
                                           input_shapes=input_shapes)
     _set_lowering_and_device(model.net, lowering, devices)
     if conv == "keras":
-        from keras_cct.caffe.train import CaffeTrainModel
         model = CaffeTrainModel(keras_conv_model(model.net), model.heads, model.output_blobs,
                                 model.input_blobs, name=model.name)
     return model, next(merge_batches(sources))
@@ -327,13 +320,12 @@ def time_model(model_path: str, *, phase: str = "TRAIN", stages=(), weights=None
 def compile_for_timing(model) -> None:
     """Compile ``model`` as ``cct time`` does for its training step: Caffe's SGD with a zero
     learning rate (the update runs, the weights stay)."""
-    from keras_cct.caffe.solver import CaffeOptimizer
+    from keras_cct.caffe.train.optimizer import CaffeOptimizer
     model.compile(optimizer=CaffeOptimizer("SGD", learning_rate=0.0), jit_compile="auto")
 
 
 def _time(args: argparse.Namespace) -> int:
     import keras
-    from keras_cct.caffe.cli_args import check_one_device, check_time_inputs
     shapes = _parse_shapes(args.input_shape)
     random_data = check_time_inputs(args, shapes)  # a deploy net: random data, as caffe time
     check_one_device(args.devices)
@@ -410,8 +402,6 @@ def _time(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from keras_cct.caffe.cli_args import check_data_args, load_npz
-    from keras_cct.caffe.lmdb_io import DatumReader, convert_imageset, write_arrays
     check_data_args(args)
     src = args.source
     if os.path.isfile(src) and src.endswith(".npz"):
@@ -420,7 +410,7 @@ def _data(args: argparse.Namespace) -> int:
             raise DataError("--gray applies to image files; the arrays are already decoded",
                             path=src)
         if args.resize_height or args.resize_width:
-            import cv2
+            import cv2  # optional: only to resize arrays
             try:
                 images = np.stack([cv2.resize(im, (args.resize_width, args.resize_height))
                                    for im in images])
@@ -441,7 +431,6 @@ def _data(args: argparse.Namespace) -> int:
                              overwrite=args.overwrite)
     print(f"Processed {n} files.", flush=True)
     if args.mean:
-        from keras_cct.caffe.prototxt import write_binaryproto
         total = None
         count = 0
         with DatumReader(args.db) as reader:

@@ -36,8 +36,7 @@ def register(subparsers) -> None:
 
 
 #: Modules whose import registers keras_cct's serializable layers (so .keras files load).
-_LAYER_MODULES = ("keras_cct.layers", "keras_cct.layers.caffe_layers", "keras_cct.caffe.builder",
-                  "keras_cct.caffe.losses")
+_LAYER_MODULES = ("keras_cct.layers", "keras_cct.caffe.net.layers")
 
 
 def _register_custom_objects() -> None:

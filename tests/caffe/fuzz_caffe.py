@@ -160,7 +160,7 @@ def _mutate_bytes(data: bytes, rng: random.Random, op: str) -> bytes:
 
 def _scalar_fields(msg, out, depth=0):
     """(message, field descriptor, index or None) of the numeric and string fields."""
-    from keras_cct.caffe.validate import _repeated
+    from keras_cct.caffe.io.validate import _repeated
     for fd, value in msg.ListFields():
         if fd.message_type is not None:
             subs = value if _repeated(fd) else [value]
@@ -240,7 +240,7 @@ def _mutate_binary(data: bytes, message_class, rng: random.Random) -> bytes:
 
 def _top_spans(data: bytes):
     """(start, end) byte spans of each top-level field, key included."""
-    from keras_cct.caffe.weights import _fields
+    from keras_cct.caffe.net.weights import _fields
     pos = 0
     for _, _, _, end in _fields(data, 0, len(data)):
         yield pos, end
@@ -261,10 +261,11 @@ def make_seeds(work: Path, *, long: bool = False, kinds=KINDS) -> List[Seed]:
     the project (mutated copies go to ``work``, a temporary folder)."""
     import keras
     from keras_cct.caffe import import_net, load_weights, save_weights
-    from keras_cct.caffe.prototxt import (blob_to_array, read_binaryproto, read_caffemodel,
-                                          read_net, write_binaryproto)
-    from keras_cct.caffe.solver import load_solver, read_solver
-    from keras_cct.caffe.train import read_solverstate
+    from keras_cct.caffe.io.binary import (blob_to_array, read_binaryproto, read_caffemodel,
+                                           read_solverstate, write_binaryproto)
+    from keras_cct.caffe.io.text import read_net
+    from keras_cct.caffe.train.config import read_solver
+    from keras_cct.caffe.train.solver import load_solver
     seeds: List[Seed] = []
     counter = {"n": 0}
     have_shared = SHARED.is_dir()
@@ -481,7 +482,7 @@ def fuzz(per_kind: int = 200, *, seed: int = 0, long: bool = False, build_every:
 
 def _fuzz(per_kind, *, seed, long, build_every, kinds, time_limit, alloc_limit, work, log
           ) -> Report:
-    from keras_cct.caffe.prototxt import proto
+    from keras_cct.caffe.io import proto
     classes = {"caffemodel": proto.NetParameter, "solverstate": proto.SolverState,
                "binaryproto": proto.BlobProto}
     report = Report()

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from keras_cct.caffe import import_net, load_net, load_weights, proto, save_weights
-from keras_cct.caffe.prototxt import read_binaryproto, read_caffemodel, write_binaryproto
-from keras_cct.caffe.solver import load_solver, read_solver
-from keras_cct.caffe.train import read_solverstate, write_solverstate
-from keras_cct.caffe.validate import MAX_ITER_SIZE, remove_stale_temps, skip_batches
+from keras_cct.caffe.io.binary import (read_binaryproto, read_caffemodel, read_solverstate,
+                                       write_binaryproto, write_solverstate)
+from keras_cct.caffe.io.validate import MAX_ITER_SIZE, remove_stale_temps
+from keras_cct.caffe.train.config import read_solver
+from keras_cct.caffe.train.data import skip_batches
+from keras_cct.caffe.train.solver import load_solver
 from keras_cct.errors import CaffeFormatError
 
 NET = """name: "tiny"
@@ -277,8 +279,8 @@ def test_skip_batches_equals_replay(skip):
 def test_skip_batches_over_the_replay_budget(skip, monkeypatch):
     """A period too long to replay: less than one epoch is read, and the next batch starts at
     most batch_size - 1 records before the exact position."""
-    from keras_cct.caffe import validate
-    monkeypatch.setattr(validate, "EXACT_REPLAY_RECORDS", 0)
+    from keras_cct.caffe.train import data
+    monkeypatch.setattr(data, "EXACT_REPLAY_RECORDS", 0)
     src = _Counting(101, 8)  # period 101 batches (8 epochs)
     lines = []
     first = int(next(skip_batches([src], skip, log=lines.append))["x"][0])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from keras_cct.caffe import build_net, import_net, read_net
-from keras_cct.caffe.prototxt import parse_net
+from keras_cct.caffe.io.text import parse_net
 from tests.conftest import need_shared
 
 
@@ -104,6 +104,6 @@ def test_reshape_with_the_batch_size_written_out():
     param, source = parse_net(text)
     net = build_net(param, source=source)
     x = np.random.default_rng(0).standard_normal((3, 2, 3, 4)).astype(np.float32)
-    from keras_cct.layers.caffe_layers import from_caffe_layout, to_caffe_layout
+    from keras_cct.caffe.net.layout import from_caffe_layout, to_caffe_layout
     y = to_caffe_layout(keras.ops.convert_to_numpy(net.model(from_caffe_layout(x))))
     np.testing.assert_array_equal(y, x.reshape(3, 6, 4))

@@ -85,7 +85,7 @@ def test_time_input_shape_sets_the_batch_of_every_data_top(tmp_path, capsys):
     assert rc == 0, out
     assert "Average Forward-Backward (training step)" in out and "*** Benchmark ends ***" in out
     assert re.search(r"training step\): [0-9.]+ ms \([0-9.]+ images/s\)", out)
-    from keras_cct.caffe.train import build_phase_net
+    from keras_cct.caffe.train.model import build_phase_net
     _, sources, built = build_phase_net(str(net), phase="TRAIN", random_data=True,
                                         input_shapes={"data": (4, 3, 16, 16)})
     assert built.inputs["label"][0] == 4 and built.inputs["data"][0] == 4
@@ -103,7 +103,7 @@ def test_time_input_shape_batch_without_random_data_is_explained(tmp_path, capsy
 
 def test_data_layer_tops_given_different_batches_are_refused(tmp_path):
     from keras_cct.caffe import build_net
-    from keras_cct.caffe.prototxt import parse_net
+    from keras_cct.caffe.io.text import parse_net
     from keras_cct.errors import CaffeFormatError
     with pytest.raises(CaffeFormatError, match="different batch sizes"):
         build_net(parse_net(_TRAIN_VAL)[0], phase="TRAIN",

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_cct.layers import caffe_layers as cl
+from keras_cct.caffe.net import layers as cl
 from tests.caffe.caffe_numpy import caffe_lrn_across, caffe_lrn_across_backward
 from tests.reference import rel_err
 

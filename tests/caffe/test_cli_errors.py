@@ -205,7 +205,7 @@ def test_cct_data_still_works_with_both_sizes(work, capsys):
     rc = main(["data", "ok.npz", "db", "--resize-height", "2", "--resize-width", "3",
                "--mean", "out/mean.binaryproto"])
     assert rc == 0, capsys.readouterr().err
-    from keras_cct.caffe.prototxt import blob_to_array, read_binaryproto
+    from keras_cct.caffe.io.binary import blob_to_array, read_binaryproto
     assert blob_to_array(read_binaryproto("out/mean.binaryproto")).shape == (1, 3, 2, 3)
     assert not list(work.glob(".cct-write-check*"))  # the probe leaves nothing behind
 
@@ -213,7 +213,7 @@ def test_cct_data_still_works_with_both_sizes(work, capsys):
 def test_lmdb_writer_failure_is_a_data_error(work):
     """The writer itself (not only cct's check before it) reports a folder it cannot create
     as a DataError naming the path."""
-    from keras_cct.caffe.lmdb_io import write_arrays
+    from keras_cct.caffe.io.lmdb_io import write_arrays
     with pytest.raises(DataError, match=r"afile/db: cannot create the LMDB"):
         write_arrays(work / "afile" / "db", np.zeros((2, 3, 3), np.uint8), [0, 1])
 
@@ -257,7 +257,7 @@ def test_an_unexpected_error_is_one_line_or_a_traceback_with_cct_debug(work, cap
 # -- prefetch threads never block exit --------------------------------------------------------
 
 def test_stop_prefetchers_ends_every_reader_thread():
-    from keras_cct.caffe.data import prefetch, stop_prefetchers
+    from keras_cct.caffe.train.prefetch import prefetch, stop_prefetchers
 
     def endless():
         i = 0
@@ -277,7 +277,7 @@ def test_stop_prefetchers_ends_every_reader_thread():
 
 
 def test_main_in_process_stops_only_the_prefetchers_its_command_started(work, capsys):
-    from keras_cct.caffe.data import prefetch, running_prefetchers
+    from keras_cct.caffe.train.prefetch import prefetch, running_prefetchers
     mine = prefetch(iter(range(1000)), depth=2)
     assert main(["train", "--solver", "solver.prototxt", "--snapshot-prefix", "afile/x"]) == 1
     assert "afile" in capsys.readouterr().err
@@ -287,7 +287,7 @@ def test_main_in_process_stops_only_the_prefetchers_its_command_started(work, ca
 
 _H5_READER = """
 import h5py, numpy as np
-from keras_cct.caffe.data import prefetch
+from keras_cct.caffe.train.prefetch import prefetch
 def reads():  # the thread spends nearly all its time inside h5py (holding its global lock)
     while True:
         for _ in range(400):

@@ -11,10 +11,10 @@ import pytest
 from google.protobuf import text_format
 
 from keras_cct.caffe import proto
-from keras_cct.caffe.data import DataTransformer, data_source
-from keras_cct.caffe.lmdb_io import (DatumReader, convert_imageset, write_arrays,
-                                     write_datums)
-from keras_cct.caffe.prototxt import write_binaryproto
+from keras_cct.caffe.train.data import DataTransformer, data_source
+from keras_cct.caffe.io.lmdb_io import (DatumReader, convert_imageset, write_arrays,
+                                        write_datums)
+from keras_cct.caffe.io.binary import write_binaryproto
 from keras_cct.errors import CaffeFormatError, DataError
 
 
@@ -75,7 +75,7 @@ def test_bad_records(tmp_path):
             next(it)
     with DatumReader(tmp_path / "bad") as r:
         items = list(r.items())
-    from keras_cct.caffe.lmdb_io import datum_to_array
+    from keras_cct.caffe.io.lmdb_io import datum_to_array
     with pytest.raises(DataError, match="00000001_b.*does not decode"):
         datum_to_array(items[1][1], path="db", key=items[1][0])
     with pytest.raises(DataError, match="nowhere.*LMDB not found"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from keras_cct.caffe import import_net, load_net, load_weights, save_weights
-from keras_cct.caffe.builder import SUPPORTED_TYPES
+from keras_cct.caffe.net.builder import SUPPORTED_TYPES
 from keras_cct.errors import CaffeFormatError
 from tests.caffe.import_helpers import randomize
 

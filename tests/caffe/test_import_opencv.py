@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from keras_cct.caffe import build_net, import_net, load_net, read_net, save_weights
-from keras_cct.layers.caffe_layers import from_caffe_layout, to_caffe_layout
+from keras_cct.caffe.net.layout import from_caffe_layout, to_caffe_layout
 from tests.caffe.import_helpers import NETS, opencv_forward, producer_of, randomize
 from tests.conftest import need_shared
 from tests.reference import rel_err
@@ -68,7 +68,7 @@ def test_real_model_matches_opencv(prototxt, weights, shape):
 def test_real_lenet_weights_are_the_trained_ones():
     """The loaded kernel equals the caffemodel blob transposed (not just "close outputs")."""
     from keras_cct.caffe import read_caffemodel
-    from keras_cct.caffe.weights import blob_array
+    from keras_cct.caffe.net.weights import blob_array
     root = need_shared("caffe-models", "lenet_mnist")
     model = load_net(root / "lenet.prototxt", root / "lenet_iter_10000.caffemodel")
     cm = {lp.name: lp for lp in read_caffemodel(root / "lenet_iter_10000.caffemodel").layer}
@@ -176,7 +176,7 @@ def test_zoo_of_layer_types_matches_opencv(tmp_path):
 def test_lrn_with_k_against_caffe_formula():
     """OpenCV ignores lrn_param.k; check ACROSS_CHANNELS LRN with k=2 against Caffe's formula
     in numpy: y = x * (k + alpha/n * sum_{window} x^2)^-beta."""
-    from keras_cct.caffe.prototxt import parse_net
+    from keras_cct.caffe.io.text import parse_net
     text = ('name: "lrn" input: "data" input_shape { dim: 2 dim: 7 dim: 3 dim: 4 }\n'
             'layer { name: "norm" type: "LRN" bottom: "data" top: "norm"\n'
             '  lrn_param { local_size: 5 alpha: 0.3 beta: 0.6 k: 2 } }\n')
@@ -210,7 +210,7 @@ def test_inner_product_transpose_blob_round_trips_through_opencv(tmp_path):
     again = import_net(prototxt, weights)
     np.testing.assert_array_equal(again.model.get_layer("fc").get_weights()[0],
                                   net.model.get_layer("fc").get_weights()[0])
-    from keras_cct.caffe.weights import blob_array
+    from keras_cct.caffe.net.weights import blob_array
     blob = blob_array(read_caffemodel(weights).layer[0].blobs[0]).astype(np.float64)
     bias = blob_array(read_caffemodel(weights).layer[0].blobs[1]).astype(np.float64)
     x = np.random.default_rng(0).standard_normal((2, 3, 2, 2)).astype(np.float32)

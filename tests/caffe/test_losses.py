@@ -1,4 +1,5 @@
-"""SoftmaxWithLoss, EuclideanLoss and Accuracy against numpy transcriptions of Caffe's layers."""
+"""SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss and Accuracy against numpy
+transcriptions of Caffe's layers."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from google.protobuf import text_format
 from keras import ops
 
 from keras_cct.caffe import proto
-from keras_cct.caffe.losses import (accuracy, euclidean_loss, head_value, keras_axis,
-                                    softmax_with_loss)
+from keras_cct.caffe.net.layout import caffe_axis
+from keras_cct.caffe.net.losses import (accuracy, euclidean_loss, head_value,
+                                        sigmoid_cross_entropy_loss, softmax_with_loss)
 from keras_cct.errors import CaffeFormatError
 
 FLT_MIN = np.finfo(np.float32).tiny
@@ -72,7 +74,7 @@ def test_softmax_loss_4d(mode, ignore):
     x = rng.normal(size=(3, 5, 2, 4)).astype(np.float32) * 3
     label = rng.integers(0, 5, size=(3, 1, 2, 4))
     got = softmax_with_loss(x.transpose(0, 2, 3, 1), label.transpose(0, 2, 3, 1),
-                            axis=keras_axis(1, 4), ignore_label=ignore, normalization=mode)
+                            axis=caffe_axis(1, 4), ignore_label=ignore, normalization=mode)
     assert to_np(got) == pytest.approx(np_softmax_loss(x, label, ignore, mode), rel=1e-5)
 
 
@@ -115,3 +117,85 @@ def test_bad_heads():
         head_value("HingeLoss", proto.LayerParameter(name="h"), [])
     with pytest.raises(CaffeFormatError, match="top_k"):
         accuracy(np.zeros((2, 3), np.float32), np.zeros(2), top_k=5)
+
+
+# -- SigmoidCrossEntropyLoss ----------------------------------------------------------------
+
+
+def np_sigmoid_cross_entropy(x, t, ignore=None, mode="BATCH_SIZE"):
+    """sigmoid_cross_entropy_loss_layer.cpp (BVLC Caffe master), in float64: Forward_cpu's
+    ``loss -= x * (t - (x >= 0)) - log(1 + exp(x - 2 * x * (x >= 0)))`` over the positions
+    whose ``static_cast<int>(t)`` is not ``ignore_label``, divided by ``get_normalizer`` (at
+    least 1; LayerSetUp's default mode, with neither ``normalization`` nor ``normalize`` set,
+    is BATCH_SIZE: the first dimension); Backward_cpu's ``sigmoid(x) - t`` (0 where ignored)
+    scaled by the same normalizer. Returns ``(loss, d loss / d x)``."""
+    n = x.shape[0]
+    xf, tf_ = x.astype(np.float64).ravel(), t.astype(np.float64).ravel()
+    loss, valid = 0.0, 0
+    diff = np.zeros_like(xf)
+    for i in range(xf.size):
+        if ignore is not None and int(tf_[i]) == ignore:
+            continue
+        pos = 1.0 if xf[i] >= 0 else 0.0
+        loss -= xf[i] * (tf_[i] - pos) - np.log(1.0 + np.exp(xf[i] - 2.0 * xf[i] * pos))
+        diff[i] = 1.0 / (1.0 + np.exp(-xf[i])) - tf_[i]
+        valid += 1
+    norm = max(1.0, {"FULL": xf.size, "VALID": valid, "BATCH_SIZE": n, "NONE": 1}[mode])
+    return loss / norm, (diff / norm).reshape(x.shape)
+
+
+def _sigmoid_loss_and_grad(x, t, **kwargs):
+    """keras_cct's loss and its gradient with respect to the logits, on the Keras backend."""
+    import keras
+
+    from tests.backend_grads import layer_grads
+
+    class _Loss(keras.layers.Layer):
+        def call(self, logits):
+            return sigmoid_cross_entropy_loss(logits, t, **kwargs)
+
+    y, grads = layer_grads(_Loss(), x, np.ones((), np.float32))
+    return float(y), grads[0]
+
+
+@pytest.mark.parametrize("mode", [None, "FULL", "VALID", "BATCH_SIZE", "NONE"])
+@pytest.mark.parametrize("ignore", [None, 2])
+def test_sigmoid_cross_entropy_loss_and_gradient(mode, ignore):
+    """Loss and gradient (the backend's autodiff) equal Caffe's forward and backward; large
+    logits of both signs (the stable form) and, with ignore_label, ignored positions."""
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=(4, 3, 2, 2)) * 6).astype(np.float32)
+    x[0, 0, 0, 0], x[1, 2, 1, 1] = 40.0, -40.0
+    t = rng.random(size=x.shape).astype(np.float32)
+    if ignore is not None:
+        t[rng.random(size=x.shape) < 0.3] = ignore
+    kwargs = {"ignore_label": ignore} if ignore is not None else {}
+    if mode is not None:
+        kwargs["normalization"] = mode
+    loss, dx = _sigmoid_loss_and_grad(x.transpose(0, 2, 3, 1), t.transpose(0, 2, 3, 1), **kwargs)
+    want, want_dx = np_sigmoid_cross_entropy(x, t, ignore, mode or "BATCH_SIZE")
+    assert loss == pytest.approx(want, rel=1e-5)
+    np.testing.assert_allclose(dx.transpose(0, 3, 1, 2), want_dx, rtol=1e-4, atol=1e-6)
+
+
+def test_sigmoid_cross_entropy_head_normalization():
+    """head_value reads loss_param as Caffe's LayerSetUp does: no field -> BATCH_SIZE, the
+    legacy ``normalize: true`` -> VALID, ``normalization`` itself; and checks the bottoms."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(5, 7)).astype(np.float32)
+    t = rng.random(size=(5, 7)).astype(np.float32)
+    t[0, :3] = -1
+    for fields, ignore, mode in [("", None, "BATCH_SIZE"),
+                                 ("loss_param { normalize: true }", None, "VALID"),
+                                 ("loss_param { ignore_label: -1 normalize: true }", -1,
+                                  "VALID"),
+                                 ("loss_param { normalization: FULL }", None, "FULL")]:
+        lp = text_format.Parse(f'name: "loss" type: "SigmoidCrossEntropyLoss" {fields}',
+                               proto.LayerParameter())
+        got = to_np(head_value("SigmoidCrossEntropyLoss", lp, [x, t]))
+        assert got == pytest.approx(np_sigmoid_cross_entropy(x, t, ignore, mode)[0], rel=1e-5)
+    lp = text_format.Parse('name: "loss" type: "SigmoidCrossEntropyLoss"', proto.LayerParameter())
+    with pytest.raises(CaffeFormatError, match="same count"):
+        head_value("SigmoidCrossEntropyLoss", lp, [x, t[:, :6]])
+    with pytest.raises(CaffeFormatError, match="needs 2 bottoms"):
+        head_value("SigmoidCrossEntropyLoss", lp, [x])

@@ -1,4 +1,4 @@
-"""Caffe's schema (keras_cct.caffe.proto) and the file readers/upgraders (prototxt.py)."""
+"""Caffe's schema (keras_cct.caffe.io.proto) and the file readers and upgraders (caffe.io)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import pytest
 from google.protobuf import text_format
 
 from keras_cct.caffe import proto
-from keras_cct.caffe.prototxt import (array_to_blob, blob_to_array, filter_net, parse_net,
-                                      read_binaryproto, read_caffemodel, read_net,
-                                      write_binaryproto)
-from keras_cct.caffe.weights import blob_array
+from keras_cct.caffe.io.binary import (array_to_blob, blob_to_array, read_binaryproto,
+                                       read_caffemodel, write_binaryproto)
+from keras_cct.caffe.io.filter import filter_net
+from keras_cct.caffe.io.text import parse_net, read_net
+from keras_cct.caffe.net.weights import blob_array
 from keras_cct.errors import CaffeFormatError
 from tests.conftest import need_shared
 
@@ -188,7 +189,7 @@ def test_input_dim_count_is_checked():
 def test_zero_copy_blob_payloads_equal_protobufs_values(path):
     """load_weights reads packed blob payloads straight from the file bytes (current and V1
     layouts); they must equal what protobuf decodes."""
-    from keras_cct.caffe.weights import _raw_blob_payloads
+    from keras_cct.caffe.net.weights import _raw_blob_payloads
     file = need_shared("caffe-models", *path.split("/"))
     raw = _raw_blob_payloads(file.read_bytes())
     net = read_caffemodel(file)

@@ -7,8 +7,8 @@ import pytest
 
 import keras
 
-from keras_cct.caffe.solver import (CaffeLRSchedule, CaffeOptimizer, caffe_learning_rate,
-                                    canonical_solver_type)
+from keras_cct.caffe.train.optimizer import (CaffeLRSchedule, CaffeOptimizer,
+                                             caffe_learning_rate, canonical_solver_type)
 from keras_cct.errors import CaffeFormatError
 from tests.caffe.caffe_numpy import NumpyCaffeSolver, caffe_rate
 

@@ -10,10 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from keras_cct.caffe.lmdb_io import write_arrays
-from keras_cct.caffe.prototxt import blob_to_array, read_caffemodel
-from keras_cct.caffe.solver import load_solver, read_solver
-from keras_cct.caffe.train import read_solverstate
+from keras_cct.caffe.io.binary import blob_to_array, read_caffemodel, read_solverstate
+from keras_cct.caffe.io.lmdb_io import write_arrays
+from keras_cct.caffe.train.config import read_solver
+from keras_cct.caffe.train.solver import load_solver
 from keras_cct.errors import CaffeFormatError, DataError
 from tests.caffe.caffe_numpy import NumpyCaffeSolver, caffe_rate
 from tests.conftest import need_shared
@@ -72,7 +72,7 @@ def test_solver_file_matches_numpy_caffe(tmp_path, solver_type, extra):
         snapshot_prefix: "{tmp_path}/snap" random_seed: 3""")
     x, t = _ip_arrays()
     s = load_solver(solver, arrays={"data": x, "target": t}, log=lambda line: None)
-    from keras_cct.caffe.weights import keras_layer_to_blobs  # the importer's Caffe layout
+    from keras_cct.caffe.net.weights import keras_layer_to_blobs  # the importer's Caffe layout
     w0, b0 = keras_layer_to_blobs(s.train_net.model.get_layer("ip"))  # (3, 4), (3,)
     assert w0.shape == (3, 4)
     ref = NumpyCaffeSolver([w0, b0], solver_type, weight_decay=0.01, lr_mults=[1.0, 2.0],
@@ -187,7 +187,7 @@ def test_cifar10_quick_solverstate_resumes():
     k = s.train_net.model.get_layer("conv1").get_weights()[0]
     np.testing.assert_array_equal(k.transpose(3, 2, 0, 1),
                                   blob_to_array(conv1.blobs[0]).reshape(32, 3, 5, 5))
-    from keras_cct.caffe.weights import keras_layer_to_blobs  # the importer's Caffe layout
+    from keras_cct.caffe.net.weights import keras_layer_to_blobs  # the importer's Caffe layout
 
     def ip2_blobs(solver):
         return keras_layer_to_blobs(solver.train_net.model.get_layer("ip2"))
@@ -257,7 +257,7 @@ def test_cct_data_train_test_time_cli(tmp_path, capsys):
     assert main(["data", str(tmp_path / "arr.npz"), str(tmp_path / "train_lmdb"),
                  "--mean", str(tmp_path / "mean.binaryproto")]) == 0
     assert "Processed 13 files." in capsys.readouterr().out
-    from keras_cct.caffe.prototxt import read_binaryproto
+    from keras_cct.caffe.io.binary import read_binaryproto
     mean = blob_to_array(read_binaryproto(tmp_path / "mean.binaryproto"))
     np.testing.assert_allclose(mean[0, 0], np.load(tmp_path / "arr.npz")["images"]
                                .mean(axis=0)[:, :, 0], rtol=1e-6)
@@ -298,10 +298,55 @@ def test_train_net_and_separate_test_net(tmp_path):
     out = [line for line in lines if "Test net output #0: loss = " in line]
     assert len(out) == 2  # at iteration 0 and 2
     # the test loss is the EuclideanLoss of the current weights on the first two batches
-    from keras_cct.caffe.weights import keras_layer_to_blobs
+    from keras_cct.caffe.net.weights import keras_layer_to_blobs
     W, b = keras_layer_to_blobs(s.train_net.model.get_layer("ip"))
     want = np.mean([np.sum((x[r] @ W.T + b - t[r]) ** 2) / 8 for r in (slice(0, 4),
                                                                        slice(4, 8))])
     got = float(out[-1].split("loss = ")[1].split()[0])
     assert got == pytest.approx(want, rel=1e-4)
     assert not list(tmp_path.glob("x_iter_*"))
+
+
+SIGMOID_NET = IP_NET.replace('name: "tiny_ip"', 'name: "tiny_sigmoid"').replace(
+    'type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss"',
+    'type: "SigmoidCrossEntropyLoss" bottom: "ip" bottom: "target" top: "cross_entropy_loss"')
+
+
+def test_sigmoid_cross_entropy_net_trains(tmp_path):
+    """A net whose loss is SigmoidCrossEntropyLoss (mnist_autoencoder's) trains: each
+    iteration's loss and the weights after 5 SGD steps equal numpy float64 Caffe (loss
+    ``-sum(t x - max(x, 0) - log(1 + exp(-|x|))) / N`` with Caffe's default BATCH_SIZE
+    normalization for this layer, gradient ``(sigmoid(x) - t) / N``), and the loss falls."""
+    _write(tmp_path / "net.prototxt", SIGMOID_NET)
+    solver = _write(tmp_path / "solver.prototxt", f"""
+        net: "net.prototxt" type: "SGD" momentum: 0.9 base_lr: 0.5 lr_policy: "fixed"
+        max_iter: 5 display: 1 snapshot_after_train: true
+        snapshot_prefix: "{tmp_path}/snap" random_seed: 5""")
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(8, 4)).astype(np.float32)
+    t = (rng.random(size=(8, 3)) < 0.5).astype(np.float32)
+    lines = []
+    s = load_solver(solver, arrays={"data": x, "target": t}, log=lines.append)
+    from keras_cct.caffe.net.weights import keras_layer_to_blobs  # the importer's Caffe layout
+    w0, b0 = keras_layer_to_blobs(s.train_net.model.get_layer("ip"))
+    ref = NumpyCaffeSolver([w0, b0], "SGD", momentum=0.9, lr_mults=[1.0, 2.0])
+    s.solve()
+    want_losses = []
+    for it in range(5):
+        rows = [(4 * it + k) % 8 for k in range(4)]
+        xb, tb = x[rows].astype(np.float64), t[rows].astype(np.float64)
+        W, b = ref.w
+        logits = xb @ W.T + b
+        want_losses.append(-np.sum(tb * logits - np.maximum(logits, 0)
+                                   - np.log1p(np.exp(-np.abs(logits)))) / 4)
+        dy = (1.0 / (1.0 + np.exp(-logits)) - tb) / 4
+        ref.apply_update([dy.T @ xb, dy.sum(0)], 0.5)
+    got_losses = [float(line.split("loss = ")[1]) for line in lines
+                  if line.startswith("Iteration") and "loss = " in line]
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
+    model = read_caffemodel(tmp_path / "snap_iter_5.caffemodel")
+    ip = [lp for lp in model.layer if lp.name == "ip"][0]
+    np.testing.assert_allclose(blob_to_array(ip.blobs[0]), ref.w[0], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(blob_to_array(ip.blobs[1]), ref.w[1], atol=1e-5, rtol=1e-5)
+    s.step(30)
+    assert s.smoothed_loss < want_losses[0]

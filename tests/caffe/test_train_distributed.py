@@ -55,7 +55,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: 
 def _setup(tmp: Path, *, max_iter: int, snapshot: int, test_interval: int = 3,
            more: str = "") -> str:
     """The LMDB (30 random 12x12 digits, so batches wrap around), the net and a solver."""
-    from keras_cct.caffe.lmdb_io import write_arrays
+    from keras_cct.caffe.io.lmdb_io import write_arrays
     if not (tmp / "digits_lmdb").exists():
         rng = np.random.default_rng(0)
         write_arrays(tmp / "digits_lmdb", rng.integers(0, 256, (30, 12, 12, 1), np.uint8),
@@ -71,7 +71,7 @@ def _setup(tmp: Path, *, max_iter: int, snapshot: int, test_interval: int = 3,
 
 
 def _blobs(path) -> dict:
-    from keras_cct.caffe.prototxt import blob_to_array, read_caffemodel
+    from keras_cct.caffe.io.binary import blob_to_array, read_caffemodel
     model = read_caffemodel(path)
     return {(lp.name, i): blob_to_array(b) for lp in model.layer for i, b in enumerate(lp.blobs)}
 

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from google.protobuf import message as pb_message
 
-from keras_cct.caffe import proto
+from keras_cct.caffe.io import proto
 from keras_cct.errors import DataError
 
 PathLike = Union[str, os.PathLike]
@@ -356,7 +357,6 @@ class DatumReader:
 
     def items(self) -> Iterator[Tuple[str, "proto.Datum"]]:
         """``(key, Datum)`` in key order, once."""
-        from google.protobuf import message as pb_message
         with self._env.begin(buffers=False) as txn:
             for key, value in txn.cursor():
                 k = key.decode("utf-8", "replace")

@@ -3,8 +3,9 @@
 :func:`build_net` walks the (upgraded, phase-filtered) layers in order, as Caffe's ``Net::Init``
 does, keeping a map from blob names to Keras tensors (in-place layers simply rebind a name).
 Keras layer names are Caffe layer names (``/`` -> ``__``, Keras forbids ``/``); convolutions
-become :class:`keras_cct.HybridConv2D` with Caffe's explicit padding; every other layer is a
-Keras layer with Caffe's exact semantics from :mod:`keras_cct.layers.caffe_layers`. Loss and
+become :class:`keras_cct.HybridConv2D` with Caffe's explicit padding (the converters are in
+:mod:`keras_cct.caffe.net.converters`); every other layer is a
+Keras layer with Caffe's exact semantics from :mod:`keras_cct.caffe.net.layers`. Loss and
 accuracy layers are not part of the model: they are returned as :class:`Head` records for the
 training code, and the blobs they consume are model outputs.
 
@@ -16,49 +17,27 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import keras
 
-from keras_cct.caffe import proto, validate
-from keras_cct.caffe.prototxt import (NetSource, filter_net, parse_net, read_net, upgrade_net,
-                                      _phase_value)
-from keras_cct.caffe.weights import keras_name, load_weights
+from keras_cct.caffe.io import proto
+from keras_cct.caffe.io.filter import filter_net, phase_value
+from keras_cct.caffe.io.text import parse_net, read_net
+from keras_cct.caffe.io.types import DATA_TYPES
+from keras_cct.caffe.io.upgrade import NetSource, upgrade_net
+from keras_cct.caffe.net.checks import check_input, check_layer
+from keras_cct.caffe.net.converters import CONVERTERS, ONE_TOP, Ctx
+from keras_cct.caffe.net.layout import caffe_shape, keras_shape
+from keras_cct.caffe.net.losses import HEAD_TYPES, Head, head_of
+from keras_cct.caffe.net.weights import keras_name, load_weights
 from keras_cct.errors import CaffeFormatError, KerasCCTError
-from keras_cct.layers import caffe_layers as cl
 
 PathLike = Union[str, os.PathLike]
 Shape = Tuple[Optional[int], ...]
 
 __all__ = ["CaffeNet", "Head", "build_net", "load_net", "import_net", "SUPPORTED_TYPES",
            "DATA_TYPES", "HEAD_TYPES"]
-
-DATA_TYPES = ("Data", "ImageData", "HDF5Data", "MemoryData", "WindowData", "DummyData")
-HEAD_TYPES = ("SoftmaxWithLoss", "EuclideanLoss", "Accuracy", "SigmoidCrossEntropyLoss")
-_LOSS_TYPES = ("SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss")
-
-
-@dataclass
-class Head:
-    """A loss or accuracy layer kept for training (not part of the Keras model).
-
-    Attributes:
-        name: the Caffe layer name.
-        type: ``SoftmaxWithLoss``, ``EuclideanLoss``, ``Accuracy`` or
-            ``SigmoidCrossEntropyLoss``.
-        bottoms: the blob names it consumes (model outputs, or model inputs such as "label").
-        tops: the blob names it produces.
-        loss_weight: Caffe's weight of its first top (1 for losses, 0 for Accuracy, unless the
-            prototxt says otherwise).
-        param: the layer's ``LayerParameter`` (``loss_param``, ``accuracy_param``, ...).
-    """
-
-    name: str
-    type: str
-    bottoms: List[str]
-    tops: List[str]
-    loss_weight: float
-    param: object
 
 
 @dataclass
@@ -91,7 +70,7 @@ class CaffeNet:
 
     def caffe_input_shapes(self) -> Dict[str, Shape]:
         """Model inputs in Caffe's (N, C, H, W) order."""
-        return {k: cl.caffe_shape(v) for k, v in self.inputs.items()}
+        return {k: caffe_shape(v) for k, v in self.inputs.items()}
 
     def submodel(self, blob_names: Sequence[str]) -> keras.Model:
         """A model with the same inputs whose outputs are the named blobs (their final value,
@@ -102,294 +81,7 @@ class CaffeNet:
         return keras.Model(self.model.inputs, [self.blobs[b] for b in blob_names])
 
 
-# --------------------------------------------------------------------------------------------
-# Layer converters: (ctx, layer_param, bottom tensors) -> list of top tensors
-
-
-class _Ctx:
-    def __init__(self, source: NetSource, phase: int, conv_impl: str = "hybrid",
-                 conv_options: Optional[Mapping] = None) -> None:
-        self.source = source
-        self.phase = phase
-        self.conv_impl = conv_impl
-        self.conv_options = dict(conv_options or {})
-        self.batch: Optional[int] = None  # Caffe batch size of the first input
-        self.index = 0
-        self.lp = None
-        self.names: Dict[str, str] = {}  # keras name -> caffe name
-
-    def error(self, message: str, hint: Optional[str] = None) -> CaffeFormatError:
-        return CaffeFormatError(message, path=self.source.path,
-                                line=self.source.line_of(self.index),
-                                layer=self.lp.name if self.lp is not None else None, hint=hint)
-
-    def kname(self) -> str:
-        return keras_name(self.lp.name)
-
-
-def _hw(ctx: _Ctx, p, single: str, h: str, w: str, default: Optional[int]) -> Tuple[int, int]:
-    """Caffe's (h, w) from repeated ``single`` (0, 1 or 2 values) or ``h``/``w`` fields."""
-    has_hw = p.HasField(h) or p.HasField(w)
-    vals = getattr(p, single)
-    is_repeated = not isinstance(vals, int)
-    if has_hw:
-        if not (p.HasField(h) and p.HasField(w)):
-            raise ctx.error(f"give both {h} and {w}")
-        if (is_repeated and len(vals)) or (not is_repeated and p.HasField(single)):
-            raise ctx.error(f"give either {single} or {h}/{w}, not both")
-        return int(getattr(p, h)), int(getattr(p, w))
-    if is_repeated:
-        if len(vals) == 0:
-            if default is None:
-                raise ctx.error(f"{single} is required")
-            return default, default
-        if len(vals) == 1:
-            return int(vals[0]), int(vals[0])
-        if len(vals) == 2:
-            return int(vals[0]), int(vals[1])
-        raise ctx.error(f"{single} has {len(vals)} values: only 2-D is supported")
-    if not p.HasField(single) and default is None:
-        raise ctx.error(f"{single} (or {h} and {w}) is required")
-    return int(vals), int(vals)
-
-
-def _need_rank(ctx: _Ctx, x, rank: int, what: str) -> None:
-    if len(x.shape) != rank:
-        raise ctx.error(f"{what} needs a {rank}-D input (N, C, H, W), got a "
-                        f"{len(x.shape)}-D blob of Caffe shape {cl.caffe_shape(x.shape)}")
-
-
-def _conv_args(ctx: _Ctx, p):
-    if p.axis != 1:
-        raise ctx.error(f"convolution axis {p.axis} is not supported (only 1)")
-    if not p.HasField("num_output"):
-        raise ctx.error("num_output is required")
-    k = _hw(ctx, p, "kernel_size", "kernel_h", "kernel_w", None)
-    s = _hw(ctx, p, "stride", "stride_h", "stride_w", 1)
-    pad = _hw(ctx, p, "pad", "pad_h", "pad_w", 0)
-    if len(p.dilation) > 2:
-        raise ctx.error("dilation has more than 2 values: only 2-D is supported")
-    d = ((p.dilation[0],) * 2 if len(p.dilation) == 1 else tuple(p.dilation)
-         if len(p.dilation) == 2 else (1, 1))
-    return int(p.num_output), k, s, pad, (int(d[0]), int(d[1])), int(p.group), bool(p.bias_term)
-
-
-def _convolution(ctx, lp, xs):
-    x = xs[0]
-    _need_rank(ctx, x, 4, "Convolution")
-    n_out, k, s, pad, d, g, bias = _conv_args(ctx, lp.convolution_param)
-    if ctx.conv_impl == "keras":
-        # keras.layers.Conv2D (same kernel layout), explicit padding as a ZeroPadding2D
-        if pad != (0, 0):
-            x = keras.layers.ZeroPadding2D(pad, name=ctx.kname() + "_pad")(x)
-        layer = keras.layers.Conv2D(n_out, k, strides=s, padding="valid", dilation_rate=d,
-                                    groups=g, use_bias=bias, name=ctx.kname(),
-                                    **ctx.conv_options)
-        return [layer(x)]
-    from keras_cct import HybridConv2D
-    layer = HybridConv2D(n_out, k, strides=s, padding=((pad[0], pad[0]), (pad[1], pad[1])),
-                         dilation_rate=d, groups=g, use_bias=bias, name=ctx.kname(),
-                         **ctx.conv_options)
-    return [layer(x)]
-
-
-def _deconvolution(ctx, lp, xs):
-    x = xs[0]
-    _need_rank(ctx, x, 4, "Deconvolution")
-    n_out, k, s, pad, d, g, bias = _conv_args(ctx, lp.convolution_param)
-    layer = cl.CaffeDeconvolution(n_out, k, s, pad, d, g, bias, name=ctx.kname())
-    return [layer(x)]
-
-
-def _pooling(ctx, lp, xs):
-    x = xs[0]
-    _need_rank(ctx, x, 4, "Pooling")
-    p = lp.pooling_param
-    pool = proto.PoolingParameter.PoolMethod.Name(p.pool)
-    if pool == "STOCHASTIC":
-        raise ctx.error("STOCHASTIC pooling is not supported", hint="use MAX or AVE")
-    if p.global_pooling:
-        if p.HasField("kernel_size") or p.HasField("kernel_h"):
-            raise ctx.error("global_pooling and kernel_size cannot both be given")
-        k = (1, 1)
-    else:
-        k = _hw(ctx, p, "kernel_size", "kernel_h", "kernel_w", None)
-    s = _hw(ctx, p, "stride", "stride_h", "stride_w", 1)
-    pad = _hw(ctx, p, "pad", "pad_h", "pad_w", 0)
-    if p.global_pooling and (pad != (0, 0) or s != (1, 1)):
-        raise ctx.error("global pooling needs pad 0 and stride 1")
-    layer = cl.CaffePooling2D(pool, k, s, pad, global_pooling=p.global_pooling,
-                              round_mode=proto.PoolingParameter.RoundMode.Name(p.round_mode),
-                              name=ctx.kname())
-    return [layer(x)]
-
-
-def _inner_product(ctx, lp, xs):
-    p = lp.inner_product_param
-    if not p.HasField("num_output"):
-        raise ctx.error("num_output is required")
-    layer = cl.CaffeInnerProduct(p.num_output, axis=p.axis, bias_term=p.bias_term,
-                                 name=ctx.kname())
-    return [layer(xs[0])]
-
-
-def _relu(ctx, lp, xs):
-    slope = lp.relu_param.negative_slope
-    return [keras.layers.ReLU(negative_slope=float(slope), name=ctx.kname())(xs[0])]
-
-
-def _prelu(ctx, lp, xs):
-    if len(xs[0].shape) < 2:
-        raise ctx.error("PReLU needs an input with a channel axis")
-    return [cl.CaffePReLU(lp.prelu_param.channel_shared, name=ctx.kname())(xs[0])]
-
-
-def _activation(fn: str):
-    def build(ctx, lp, xs):
-        return [keras.layers.Activation(fn, name=ctx.kname())(xs[0])]
-    return build
-
-
-def _elu(ctx, lp, xs):
-    return [keras.layers.ELU(alpha=float(lp.elu_param.alpha), name=ctx.kname())(xs[0])]
-
-
-def _unary(op: str):
-    def build(ctx, lp, xs):
-        kw = {}
-        if op == "Power":
-            p = lp.power_param
-            kw = dict(power=p.power, scale=p.scale, shift=p.shift)
-        elif op in ("Exp", "Log"):
-            p = lp.exp_param if op == "Exp" else lp.log_param
-            if p.base != -1 and p.base <= 0:
-                raise ctx.error(f"{op} base must be -1 (e) or > 0, got {p.base}")
-            kw = dict(base=p.base, scale=p.scale, shift=p.shift)
-        elif op == "Clip":
-            if not lp.HasField("clip_param"):
-                raise ctx.error("Clip needs clip_param { min max }")
-            kw = dict(min=lp.clip_param.min, max=lp.clip_param.max)
-        elif op == "Threshold":
-            kw = dict(threshold=lp.threshold_param.threshold)
-        elif op == "Swish":
-            kw = dict(beta=lp.swish_param.beta)
-        return [cl.CaffeUnary(op, name=ctx.kname(), **kw)(xs[0])]
-    return build
-
-
-def _lrn(ctx, lp, xs):
-    p = lp.lrn_param
-    region = proto.LRNParameter.NormRegion.Name(p.norm_region)
-    if region == "WITHIN_CHANNEL":
-        _need_rank(ctx, xs[0], 4, "WITHIN_CHANNEL LRN")
-    if p.local_size % 2 == 0:
-        raise ctx.error(f"LRN local_size must be odd, got {p.local_size}")
-    layer = cl.CaffeLRN(p.local_size, p.alpha, p.beta, p.k, region, name=ctx.kname())
-    return [layer(xs[0])]
-
-
-def _batch_norm(ctx, lp, xs):
-    p = lp.batch_norm_param
-    ugs = bool(p.use_global_stats) if p.HasField("use_global_stats") else None
-    layer = cl.CaffeBatchNorm(p.eps, p.moving_average_fraction, ugs, name=ctx.kname())
-    return [layer(xs[0])]
-
-
-def _scale(ctx, lp, xs):
-    p = lp.scale_param
-    if len(xs) == 2:
-        if p.axis != 0:
-            raise ctx.error("Scale with two bottoms is supported with axis: 0 only")
-        layer = cl.CaffeScale(0, -1, p.bias_term, name=ctx.kname())
-        return [layer([xs[0], xs[1]])]
-    layer = cl.CaffeScale(p.axis, p.num_axes, p.bias_term, name=ctx.kname())
-    return [layer(xs[0])]
-
-
-def _bias(ctx, lp, xs):
-    if len(xs) != 1:
-        raise ctx.error("Bias with two bottoms is not supported", hint="use Eltwise SUM")
-    p = lp.bias_param
-    return [cl.CaffeBias(p.axis, p.num_axes, name=ctx.kname())(xs[0])]
-
-
-def _eltwise(ctx, lp, xs):
-    p = lp.eltwise_param
-    op = proto.EltwiseParameter.EltwiseOp.Name(p.operation)
-    if len(xs) < 2:
-        raise ctx.error("Eltwise needs at least two bottoms")
-    if len(p.coeff) and len(p.coeff) != len(xs):
-        raise ctx.error(f"Eltwise has {len(p.coeff)} coeff for {len(xs)} bottoms")
-    if len(p.coeff) and op != "SUM":
-        raise ctx.error("Eltwise coeff is only allowed with operation SUM")
-    shapes = {tuple(x.shape[1:]) for x in xs}
-    if len(shapes) != 1:
-        raise ctx.error(f"Eltwise bottoms have different shapes: "
-                        f"{[cl.caffe_shape(x.shape) for x in xs]}")
-    return [cl.CaffeEltwise(op, list(p.coeff) or None, name=ctx.kname())(list(xs))]
-
-
-def _concat(ctx, lp, xs):
-    p = lp.concat_param
-    axis = p.concat_dim if p.HasField("concat_dim") and not p.HasField("axis") else p.axis
-    if len(xs) == 1:
-        return [keras.layers.Identity(name=ctx.kname())(xs[0])]
-    return [cl.CaffeConcat(axis, name=ctx.kname())(list(xs))]
-
-
-def _slice(ctx, lp, xs):
-    p = lp.slice_param
-    axis = p.slice_dim if p.HasField("slice_dim") and not p.HasField("axis") else p.axis
-    layer = cl.CaffeSlice(axis, list(p.slice_point), len(lp.top), name=ctx.kname())
-    out = layer(xs[0])
-    return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def _flatten(ctx, lp, xs):
-    p = lp.flatten_param
-    return [cl.CaffeFlatten(p.axis, p.end_axis, name=ctx.kname())(xs[0])]
-
-
-def _reshape(ctx, lp, xs):
-    p = lp.reshape_param
-    dims = [int(d) for d in p.shape.dim]
-    # a batch size written out (``dim: 1`` for a batch-1 deploy net) keeps the batch axis:
-    # the Keras model's batch stays dynamic
-    if p.axis == 0 and dims and dims[0] > 0 and dims[0] == ctx.batch:
-        dims[0] = 0
-    return [cl.CaffeReshape(dims, p.axis, p.num_axes, name=ctx.kname())(xs[0])]
-
-
-def _crop(ctx, lp, xs):
-    if len(xs) != 2:
-        raise ctx.error("Crop needs two bottoms (the blob and the reference)")
-    p = lp.crop_param
-    return [cl.CaffeCrop(p.axis, list(p.offset), name=ctx.kname())([xs[0], xs[1]])]
-
-
-def _softmax(ctx, lp, xs):
-    return [cl.CaffeSoftmax(lp.softmax_param.axis, name=ctx.kname())(xs[0])]
-
-
-def _dropout(ctx, lp, xs):
-    ratio = float(lp.dropout_param.dropout_ratio)
-    return [keras.layers.Dropout(ratio, name=ctx.kname())(xs[0])]
-
-
-_CONVERTERS: Dict[str, Callable] = {
-    "Convolution": _convolution, "Deconvolution": _deconvolution, "Pooling": _pooling,
-    "InnerProduct": _inner_product, "ReLU": _relu, "PReLU": _prelu,
-    "Sigmoid": _activation("sigmoid"), "TanH": _activation("tanh"), "ELU": _elu,
-    "AbsVal": _unary("AbsVal"), "Power": _unary("Power"), "Exp": _unary("Exp"),
-    "Log": _unary("Log"), "BNLL": _unary("BNLL"), "Clip": _unary("Clip"),
-    "Threshold": _unary("Threshold"), "Swish": _unary("Swish"), "LRN": _lrn,
-    "BatchNorm": _batch_norm, "Scale": _scale, "Bias": _bias, "Eltwise": _eltwise,
-    "Concat": _concat, "Slice": _slice, "Flatten": _flatten, "Reshape": _reshape,
-    "Crop": _crop, "Softmax": _softmax, "Dropout": _dropout,
-}
-_ONE_TOP = set(_CONVERTERS) - {"Slice"}
-
-SUPPORTED_TYPES: Tuple[str, ...] = tuple(sorted(set(_CONVERTERS) | {"Input", "Split",
+SUPPORTED_TYPES: Tuple[str, ...] = tuple(sorted(set(CONVERTERS) | {"Input", "Split",
                                                                      "Silence"}
                                                 | set(DATA_TYPES) | set(HEAD_TYPES)))
 
@@ -425,7 +117,7 @@ def _shape_of(dims) -> Tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
-def _data_top_shapes(ctx: _Ctx, lp, input_shapes: Mapping[str, Sequence[int]]
+def _data_top_shapes(ctx: Ctx, lp, input_shapes: Mapping[str, Sequence[int]]
                      ) -> List[Tuple[int, ...]]:
     """Caffe shapes of a data layer's tops, from ``input_shapes`` or the layer's own fields."""
     shapes: List[Optional[Tuple[int, ...]]] = []
@@ -514,11 +206,11 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
     """
     input_shapes = dict(input_shapes or {})
     net, src = _prepare(net_param, source)
-    ph = _phase_value(phase)
+    ph = phase_value(phase)
     net, src = filter_net(net, phase=ph, stages=stages, level=level, source=src)
     if conv_impl not in ("hybrid", "keras"):
         raise ValueError(f"conv_impl must be 'hybrid' or 'keras', got {conv_impl!r}")
-    ctx = _Ctx(src, ph, conv_impl, conv_options)
+    ctx = Ctx(src, ph, conv_impl, conv_options)
     blobs: Dict[str, object] = {}
     available: List[str] = []
     input_tensors: List[object] = []
@@ -542,8 +234,8 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
             raise ctx.error(f"input blob '{top}' is produced twice")
         if any(d <= 0 for d in cshape[1:]):
             raise ctx.error(f"input '{top}' has a non-positive dimension {cshape}")
-        validate.check_input(ctx, top, cshape)
-        kshape = cl.keras_shape(cshape)
+        check_input(ctx, top, cshape)
+        kshape = keras_shape(cshape)
         name = keras_name(top)
         if name in used_names or (name in all_layer_names and name != ctx.kname()):
             name = ctx.kname() if ctx.kname() not in used_names else f"{name}_input"
@@ -591,9 +283,7 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
                 available.remove(b)
             consumed.add(b)
         if t in HEAD_TYPES:
-            lw = (float(lp.loss_weight[0]) if len(lp.loss_weight)
-                  else (1.0 if t in _LOSS_TYPES else 0.0))
-            heads.append(Head(lp.name, t, list(lp.bottom), list(lp.top), lw, lp))
+            heads.append(head_of(lp))
             for b in lp.bottom:
                 head_blobs.setdefault(b, blobs[b])
             continue
@@ -604,18 +294,18 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
             continue
         if t == "Silence":
             continue
-        conv = _CONVERTERS.get(t)
+        conv = CONVERTERS.get(t)
         if conv is None:
             raise ctx.error(f"unsupported layer type '{t}'",
                             hint=f"supported types: {', '.join(SUPPORTED_TYPES)}")
         if not len(lp.bottom):
             raise ctx.error(f"{t} layer has no bottom")
-        if t in _ONE_TOP and len(lp.top) != 1:
+        if t in ONE_TOP and len(lp.top) != 1:
             raise ctx.error(f"{t} layer must have exactly one top, has {len(lp.top)}")
         claim(ctx.kname(), "layer")
         caffe_names[ctx.kname()] = lp.name
         xs = [blobs[b] for b in lp.bottom]
-        validate.check_layer(ctx, lp, xs)
+        check_layer(ctx, lp, xs)
         try:
             outs = conv(ctx, lp, xs)
         except CaffeFormatError:

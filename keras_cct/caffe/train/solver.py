@@ -2,8 +2,8 @@
 
 :class:`Solver` reproduces ``caffe::Solver``: it builds the TRAIN net and one TEST net per
 ``test_iter`` entry (``test_state`` stages) from the solver's net, feeds them from their data
-layers (:mod:`keras_cct.caffe.data`), optimizes with :class:`~keras_cct.caffe.solver.
-CaffeOptimizer` (Caffe's exact update rules, ``lr_mult``/``decay_mult`` from each layer's
+layers (:mod:`keras_cct.caffe.train.data`), optimizes with :class:`~keras_cct.caffe.train.
+optimizer.CaffeOptimizer` (Caffe's exact update rules, ``lr_mult``/``decay_mult`` from each layer's
 ``param {}``), and logs Caffe's lines::
 
     Iteration 100 (52.1 iter/s, 1.92s/100 iters), loss = 0.2143
@@ -43,136 +43,33 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
 
-from keras_cct.caffe import proto, prototxt
-from keras_cct.caffe import validate as _validate
-from keras_cct.caffe.data import (DataSource, merge_batches, net_data_sources, prefetch,
-                                  resolve_path)
-from keras_cct.caffe.losses import HEAD_TYPES, LOSS_TYPES, head_value
-from keras_cct.caffe.solver import CaffeOptimizer, SolverConfig, solver_config
+from keras_cct.caffe.io import proto
+from keras_cct.caffe.io.binary import blob_to_array, read_solverstate, write_solverstate
+from keras_cct.caffe.io.filter import filter_net
+from keras_cct.caffe.io.text import read_net
+from keras_cct.caffe.io.upgrade import upgrade_net
+from keras_cct.caffe.io.validate import remove_stale_temps
+from keras_cct.caffe.net.builder import build_net
+from keras_cct.caffe.net.losses import Head, heads_of
+from keras_cct.caffe.net.weights import (caffe_params, expected_blob_shapes,
+                                         keras_arrays_to_blobs, keras_name,
+                                         layer_blobs_to_keras, load_weights, save_weights)
+from keras_cct.caffe.train.config import SolverConfig, read_solver, solver_config
+from keras_cct.caffe.train.data import (DataSource, merge_batches, net_data_sources,
+                                        resolve_path, skip_batches)
+from keras_cct.caffe.train.model import (CaffeTrainModel, data_shapes, input_blobs,
+                                         output_blobs, run_test)
+from keras_cct.caffe.train.optimizer import CaffeOptimizer
+from keras_cct.caffe.train.prefetch import prefetch
 from keras_cct.errors import CaffeFormatError
+from keras_cct.strategy import cluster as _cluster
 
-__all__ = ["Solver", "Head", "CaffeTrainModel", "write_solverstate", "read_solverstate",
-           "snapshot_filename"]
-
-
-@dataclass
-class Head:
-    """A loss or metric layer evaluated outside the Keras model.
-
-    Attributes:
-        name: the Caffe layer name; type: ``SoftmaxWithLoss``, ``EuclideanLoss`` or
-        ``Accuracy``; bottoms: the blobs it reads; top: the blob it writes; loss_weight: its
-        weight in the total loss (Caffe: 1 for loss layers, 0 otherwise, unless set);
-        param: its ``LayerParameter``.
-    """
-
-    name: str
-    type: str
-    bottoms: List[str]
-    top: str
-    loss_weight: float
-    param: object = None
-
-
-def heads_of(net_param) -> List[Head]:
-    """The loss/metric layers of a phase-filtered ``NetParameter``, in net order."""
-    heads = []
-    for lp in net_param.layer:
-        if lp.type in HEAD_TYPES:
-            default = 1.0 if lp.type in LOSS_TYPES else 0.0
-            weight = float(lp.loss_weight[0]) if len(lp.loss_weight) else default
-            top = lp.top[0] if len(lp.top) else lp.name
-            heads.append(Head(lp.name, lp.type, list(lp.bottom), top, weight, lp))
-    return heads
-
-
-def _as_head(h) -> Head:
-    if isinstance(h, Head):
-        return h
-    param = getattr(h, "layer_param", None) or getattr(h, "param", None)
-    tops = list(getattr(h, "tops", None) or [getattr(h, "top", None) or h.name])
-    return Head(h.name, h.type, list(h.bottoms), tops[0], float(h.loss_weight), param)
-
-
-class CaffeTrainModel(keras.Model):
-    """A Keras model that runs an imported net and computes its Caffe loss and metric heads.
-
-    ``call`` returns ``{blob: tensor}`` for the net's outputs; ``compute_loss`` evaluates every
-    head on those blobs and the input blobs (labels) and returns ``sum(loss_weight * value)``,
-    recording each head's value as a metric named ``out_<k>``. Works with ``train_on_batch``
-    on every Keras backend.
-
-    Args:
-        model: the functional net (inputs named by their Caffe blobs).
-        heads: the :class:`Head` list.
-        output_blobs: the blob name of each model output, in order.
-    """
-
-    def __init__(self, model: keras.Model, heads: Sequence[Head], output_blobs: Sequence[str],
-                 input_blobs: Optional[Sequence[str]] = None, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.net = model
-        self.heads = [_as_head(h) for h in heads]
-        self.output_blobs = list(output_blobs)
-        self.input_blobs = list(input_blobs) if input_blobs is not None else [
-            t._keras_history[0].name if hasattr(t, "_keras_history") else t.name
-            for t in model.inputs]
-        self.head_metrics = [keras.metrics.Mean(name=f"out_{i}")
-                             for i in range(len(self.heads))]
-
-    def call(self, inputs, training=False):
-        feed = [inputs[name] for name in self.input_blobs]
-        outs = self.net(feed if len(feed) > 1 else feed[0], training=training)
-        if isinstance(outs, dict):
-            return dict(outs)
-        if not isinstance(outs, (list, tuple)):
-            outs = [outs]
-        return dict(zip(self.output_blobs, outs))
-
-    def head_values(self, x, y_pred) -> List:
-        blobs = dict(x)
-        blobs.update(y_pred)
-        values = []
-        for h in self.heads:
-            missing = [b for b in h.bottoms if b not in blobs]
-            if missing:
-                raise CaffeFormatError(f"bottom blob(s) {missing} of the {h.type} layer are "
-                                       f"neither net outputs nor inputs", layer=h.name)
-            values.append(head_value(h.type, h.param, [blobs[b] for b in h.bottoms]))
-        return values
-
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        """``sum(loss_weight * head)`` over the heads (each a mean over the batch, as in Caffe).
-
-        ``sample_weight`` is only given by a multi-worker run: the weights of
-        :func:`keras_cct.strategy.cluster.local_slice`, which scale this worker's mean to its
-        share of the global batch's mean (see :func:`~keras_cct.strategy.cluster.
-        mean_loss_factor`); the head metrics are scaled alike so that their average over the
-        workers is the global batch's value.
-        """
-        values = self.head_values(x, y_pred)
-        if sample_weight is not None:
-            from keras_cct.strategy.cluster import mean_loss_factor
-            share = keras.ops.mean(keras.ops.cast(sample_weight, "float32"))
-            values_seen = [v * share for v in values]
-        else:
-            values_seen = values
-        total = 0.0
-        for h, v, seen, m in zip(self.heads, values, values_seen, self.head_metrics):
-            m.update_state(seen)
-            if h.loss_weight:
-                total = total + h.loss_weight * v
-        return total if sample_weight is None else total * mean_loss_factor(sample_weight)
-
-
-# ----------------------------------------------------------------------------------------------
-# Snapshots
+__all__ = ["Solver", "load_solver", "snapshot_filename"]
 
 
 def snapshot_filename(prefix: str, it: int, ext: str) -> str:
@@ -180,153 +77,15 @@ def snapshot_filename(prefix: str, it: int, ext: str) -> str:
     return f"{prefix}_iter_{it}{ext}"
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    """Write ``data`` atomically (temporary file, then rename), creating the folder."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    prototxt._atomic_write(path, data)
-
-
-def write_solverstate(path: str, *, it: int, learned_net: str, history: Sequence[np.ndarray],
-                      current_step: int = 0) -> None:
-    """Write a Caffe ``SolverState`` (history blobs in Caffe's shapes) atomically."""
-    from keras_cct.caffe.prototxt import array_to_blob
-    state = proto.SolverState(iter=int(it), learned_net=learned_net,
-                              current_step=int(current_step))
-    for arr in history:
-        array_to_blob(arr, blob=state.history.add())
-    _atomic_write(path, state.SerializeToString())
-
-
-def read_solverstate(path: str):
-    """Read a ``.solverstate`` file (a ``SolverState``).
-
-    Raises:
-        CaffeFormatError: missing, truncated or not a SolverState.
-    """
-    from google.protobuf import message as pb_message
-    from keras_cct.caffe.validate import check_solverstate, read_bounded
-    path = str(path)
-    data = read_bounded(path, "solver state")
-    state = proto.SolverState()
-    try:
-        state.ParseFromString(data)
-    except pb_message.DecodeError:
-        raise CaffeFormatError("not a valid solverstate (protobuf decoding failed)", path=path,
-                               hint="the file is truncated or is not a Caffe SolverState"
-                               ) from None
-    if not state.HasField("iter"):
-        raise CaffeFormatError("the solverstate has no iteration", path=path,
-                               hint="the file is not a Caffe SolverState")
-    check_solverstate(state, path)
-    return state
-
-
-# ----------------------------------------------------------------------------------------------
-# Nets
-
-
-def _input_blobs(net) -> List[str]:
-    names = getattr(net, "inputs", None)
-    if isinstance(names, dict) and len(names) == len(net.model.inputs):
-        return list(names)
-    return [t._keras_history[0].name if hasattr(t, "_keras_history") else t.name
-            for t in net.model.inputs]
-
-
-def _output_blobs(net) -> List[str]:
-    for attr in ("output_blobs", "outputs", "output_names"):
-        names = getattr(net, attr, None)
-        if names:
-            names = list(names.keys()) if isinstance(names, dict) else list(names)
-            if all(isinstance(n, str) for n in names):
-                return names
-    return list(net.model.output_names)
-
-
-def _caffe_params(model) -> List[Tuple[object, List]]:
-    """``[(layer, [variables])]`` of the layers with Caffe blobs, in Caffe's blob order."""
-    from keras_cct.caffe.weights import caffe_type_of
-    out = []
-    for layer in model.layers:
-        if caffe_type_of(layer) is not None:
-            out.append((layer, list(layer.weights)))
-    return out
-
-
-def _to_caffe_layout(layer, arrays: List[np.ndarray], *, transpose: bool = False
-                     ) -> List[np.ndarray]:
-    """Keras-layout arrays of a layer's variables -> Caffe blob arrays: the exact inverse of
-    the importer's ``layer_blobs_to_keras`` (a permutation of elements), found by passing
-    element indices through it, so that snapshots and restores can never disagree."""
-    from keras_cct.caffe.weights import expected_blob_shapes, layer_blobs_to_keras
-    shapes = expected_blob_shapes(layer, transpose=transpose)
-    sizes = [int(np.prod(e)) for e in shapes]
-    # indices split in two float32-exact halves (the converter works in float32)
-    hi = [(np.arange(n, dtype=np.int64) // 4096).astype(np.float32).reshape(e)
-          for n, e in zip(sizes, shapes)]
-    lo = [(np.arange(n, dtype=np.int64) % 4096).astype(np.float32).reshape(e)
-          for n, e in zip(sizes, shapes)]
-    khi = layer_blobs_to_keras(layer, hi, transpose=transpose)
-    klo = layer_blobs_to_keras(layer, lo, transpose=transpose)
-    out = []
-    for arr, h, l, n, e in zip(arrays, khi, klo, sizes, shapes):
-        idx = np.asarray(h, np.int64).ravel() * 4096 + np.asarray(l, np.int64).ravel()
-        flat = np.empty(n, np.float32)
-        flat[idx] = np.asarray(arr, np.float32).ravel()
-        out.append(flat.reshape(e))
-    return out
-
-
-def run_test(model: CaffeTrainModel, sources: Sequence[DataSource], iterations: int, *,
-             log: Callable[[str], None], compute_loss: bool = False, per_batch: bool = False,
-             kind: str = "Test") -> Dict[str, float]:
-    """Forward ``iterations`` batches through ``model`` and average each head's value over them
-    (Caffe's ``Solver::Test`` and ``caffe test``)."""
-    batches = prefetch(merge_batches(sources))
-    sums = np.zeros(len(model.heads))
-    loss = 0.0
-    try:
-        for i in range(iterations):
-            batch = next(batches)
-            feed = [batch[k] for k in model.input_blobs]
-            outs = model.net.predict_on_batch(feed if len(feed) > 1 else feed[0])
-            if not isinstance(outs, (list, tuple, dict)):
-                outs = [outs]
-            y_pred = dict(outs) if isinstance(outs, dict) else dict(zip(model.output_blobs,
-                                                                        outs))
-            vals = [float(keras.ops.convert_to_numpy(v))
-                    for v in model.head_values(batch, y_pred)]
-            if per_batch:
-                for h, v in zip(model.heads, vals):
-                    log(f"Batch {i}, {h.top} = {v:.6g}")
-            sums += vals
-            loss += sum(h.loss_weight * v for h, v in zip(model.heads, vals))
-    finally:
-        batches.close()
-    n = max(iterations, 1)
-    means = sums / n
-    if compute_loss:
-        log(f"{kind} loss: {loss / n:.6g}" if kind == "Test" else f"Loss: {loss / n:.6g}")
-    for i, (h, v) in enumerate(zip(model.heads, means)):
-        msg = f"    {kind} net output #{i}: {h.top} = {v:.6g}" if kind == "Test" else \
-            f"{h.top} = {v:.6g}"
-        if h.loss_weight:
-            msg += f" (* {h.loss_weight:g} = {h.loss_weight * v:.6g} loss)"
-        log(msg)
-    return {h.top: float(m) for h, m in zip(model.heads, means)}
-
-
 class Solver:
     """Caffe's solver over Keras models.
 
     Args:
-        config: a :class:`~keras_cct.caffe.solver.SolverConfig` (see ``read_solver``) or a
+        config: a :class:`~keras_cct.caffe.train.config.SolverConfig` (see ``read_solver``) or a
             ``SolverParameter``.
         weights: a .caffemodel to start from (``caffe train --weights``).
         arrays: ``{blob: array}`` replacing the TRAIN net's data layers (MemoryData/Input nets,
             tests); ``test_arrays`` likewise for the test nets (one dict for all).
-        build: the net builder, ``build(net_param, phase=, stages=, input_shapes=)`` ->
-            an object with ``model`` (default :func:`keras_cct.caffe.build_net`).
         log: where log lines go (default: print to stdout).
         progress: show a tqdm progress bar between display lines.
         snapshot_prefix: overrides the solver's ``snapshot_prefix``.
@@ -341,7 +100,7 @@ class Solver:
     def __init__(self, config, *, weights: Optional[str] = None,
                  arrays: Optional[Mapping[str, np.ndarray]] = None,
                  test_arrays: Optional[Mapping[str, np.ndarray]] = None,
-                 build: Optional[Callable] = None, log: Optional[Callable[[str], None]] = None,
+                 log: Optional[Callable[[str], None]] = None,
                  progress: bool = False, snapshot_prefix: Optional[str] = None,
                  strategy=None, cluster=None, shares: Optional[Sequence[float]] = None
                  ) -> None:
@@ -362,13 +121,10 @@ class Solver:
         if p.random_seed >= 0:
             keras.utils.set_random_seed(int(p.random_seed))
         self._seed = int(p.random_seed) if p.random_seed >= 0 else None
-        if build is None:
-            from keras_cct.caffe import build_net as build
-        self._build = build
         self.net_param = self._read_net_param()
         self.snapshot_prefix = snapshot_prefix or p.snapshot_prefix or (
             os.path.splitext(self.path)[0] if self.path else "snapshot")
-        for tmp in _validate.remove_stale_temps(self.snapshot_prefix):
+        for tmp in remove_stale_temps(self.snapshot_prefix):
             self.log(f"Removed {tmp}, left by an interrupted snapshot")
 
         # TRAIN net and its data
@@ -381,7 +137,7 @@ class Solver:
                                              list(p.train_state.stage), self.train_sources)
             self.train_model = CaffeTrainModel(
                 self.train_net.model, self._heads(self.train_net, self.train_param),
-                _output_blobs(self.train_net), _input_blobs(self.train_net), name="train_net")
+                output_blobs(self.train_net), input_blobs(self.train_net), name="train_net")
         # TEST nets
         self.test_params, self.test_sources, self.test_nets = [], [], []
         n_tests = len(p.test_iter)
@@ -400,7 +156,7 @@ class Solver:
             self.test_params.append(tp)
             self.test_sources.append(srcs)
             self.test_nets.append(CaffeTrainModel(tnet.model, self._heads(tnet, tp),
-                                                  _output_blobs(tnet), _input_blobs(tnet),
+                                                  output_blobs(tnet), input_blobs(tnet),
                                                   name=f"test_net_{i}"))
         if weights:
             self.load_weights(weights)
@@ -414,7 +170,6 @@ class Solver:
             self.optimizer.build(self.train_model.trainable_variables)
         self.shares = None
         if cluster is not None:
-            from keras_cct.strategy import cluster as _cluster
             n_workers = _cluster._check_one_replica(cluster)
             if shares is not None:
                 self.shares = _cluster._check_shares(shares)
@@ -438,7 +193,6 @@ class Solver:
         """The context the nets are built and compiled in: the cluster's scope (TRAIN net only;
         test nets run on worker 0 alone, outside the collective) around the strategy's."""
         if self.cluster is not None and train:
-            from keras_cct.strategy import cluster as _cluster
             return _cluster.scope(self.cluster, self.strategy)
         if self.strategy is not None:
             return self.strategy.scope()
@@ -455,7 +209,7 @@ class Solver:
         if self.worker_index:
             line = f"[worker {self.worker_index}] {line}"
         if self.progress:
-            from tqdm import tqdm
+            from tqdm import tqdm  # only with a progress bar
             tqdm.write(line, file=sys.stdout)
             sys.stdout.flush()
         else:
@@ -463,7 +217,6 @@ class Solver:
 
     # -- construction helpers -----------------------------------------------------------------
     def _read_net_param(self):
-        from keras_cct.caffe.prototxt import read_net, upgrade_net
         p = self.param
         if self.config.net_path:
             return read_net(self.config.net_path)
@@ -475,7 +228,6 @@ class Solver:
     def _separate_test_nets(self) -> list:
         """The solver's ``test_net`` files / ``test_net_param`` nets (Caffe's older style),
         upgraded; empty when the test nets come from ``net``."""
-        from keras_cct.caffe.prototxt import read_net, upgrade_net
         p = self.param
         nets = []
         for name in p.test_net:
@@ -493,31 +245,20 @@ class Solver:
 
     @staticmethod
     def _filter(net_param, phase: str, stages: List[str]):
-        from keras_cct.caffe.prototxt import filter_net
         return filter_net(net_param, phase=phase, stages=stages)
 
     def _build_net(self, net_param, phase, stages, sources: Sequence[DataSource]):
-        shapes = {}
-        for s in sources:
-            for top, shp in s.shapes.items():
-                shp = tuple(shp)
-                if len(shp) == 3:  # channels-last image -> Caffe's (N, C, H, W)
-                    shp = (shp[2], shp[0], shp[1])
-                shapes[top] = (s.batch_size,) + shp
-        return self._build(net_param, phase=phase, stages=tuple(stages), input_shapes=shapes)
+        return build_net(net_param, phase=phase, stages=tuple(stages),
+                         input_shapes=data_shapes(sources))
 
     def _heads(self, net, net_param) -> List[Head]:
-        heads = getattr(net, "heads", None)
-        if heads:
-            return [_as_head(h) for h in heads]
-        return heads_of(net_param)
+        return list(net.heads) or heads_of(net_param)
 
     def _param_specs(self) -> Dict[str, Tuple[float, float]]:
         """``{variable.path: (lr_mult, decay_mult)}`` from each layer's ``param {}``."""
-        from keras_cct.caffe.weights import keras_name
         by_name = {keras_name(lp.name): lp for lp in self.train_param.layer}
         specs = {}
-        for layer, variables in _caffe_params(self.train_model.net):
+        for layer, variables in caffe_params(self.train_model.net):
             lp = by_name.get(layer.name)
             if lp is None:
                 continue
@@ -529,7 +270,6 @@ class Solver:
     # -- weights ------------------------------------------------------------------------------
     def load_weights(self, path: str) -> None:
         """Load a .caffemodel into the train net (the test nets share it at each test)."""
-        from keras_cct.caffe.weights import load_weights
         load_weights(self.train_net.model, path, strict=False, net_param=self.train_param)
 
     def _share_weights(self, test_model: CaffeTrainModel) -> None:
@@ -543,7 +283,6 @@ class Solver:
     # -- history <-> Caffe blobs -------------------------------------------------------------
     def _transpose_of(self, layer) -> bool:
         """Whether an InnerProduct layer stores its blob transposed (``transpose: true``)."""
-        from keras_cct.caffe.weights import keras_name
         for lp in self.train_param.layer:
             if keras_name(lp.name) == layer.name and lp.type == "InnerProduct":
                 return bool(lp.inner_product_param.transpose)
@@ -560,21 +299,20 @@ class Solver:
             sets.append(self.optimizer.update_history)
         out = []
         for hist in sets:
-            for layer, variables in _caffe_params(self.train_model.net):
+            for layer, variables in caffe_params(self.train_model.net):
                 arrays = []
                 for v in variables:
                     i = slots.get(id(v))
                     arrays.append(np.zeros(v.shape, np.float32) if i is None else
                                   keras.ops.convert_to_numpy(hist[i]))
-                out.extend(_to_caffe_layout(layer, arrays,
-                                            transpose=self._transpose_of(layer)))
+                out.extend(keras_arrays_to_blobs(layer, arrays,
+                                                 transpose=self._transpose_of(layer)))
         return out
 
     def set_history_blobs(self, blobs: Sequence[np.ndarray], *, path: Optional[str] = None
                           ) -> None:
         """Set the optimizer history from Caffe ``history_`` blobs (checked first)."""
-        from keras_cct.caffe.weights import expected_blob_shapes, layer_blobs_to_keras
-        params = _caffe_params(self.train_model.net)
+        params = caffe_params(self.train_model.net)
         n = sum(len(v) for _, v in params)
         sets = 2 if self.optimizer.has_update_history else 1
         if len(blobs) != n * sets:
@@ -612,7 +350,6 @@ class Solver:
     # -- snapshot / restore -------------------------------------------------------------------
     def snapshot(self) -> Tuple[str, str]:
         """Write ``PREFIX_iter_N.caffemodel`` and ``.solverstate`` (each atomically)."""
-        from keras_cct.caffe.weights import save_weights
         model_file = snapshot_filename(self.snapshot_prefix, self.iter, ".caffemodel")
         state_file = snapshot_filename(self.snapshot_prefix, self.iter, ".solverstate")
         os.makedirs(os.path.dirname(os.path.abspath(model_file)), exist_ok=True)
@@ -628,7 +365,6 @@ class Solver:
         """Resume from a ``.solverstate``: its weights (``learned_net``), iteration and history;
         the data sources are fast-forwarded to that iteration. Everything is checked before
         anything changes."""
-        from keras_cct.caffe.weights import load_weights
         state = read_solverstate(state_path)
         self.log(f"Restoring previous solver status from {state_path}")
         learned = None
@@ -646,7 +382,6 @@ class Solver:
                         hint="put the snapshot's .caffemodel beside the .solverstate")
                 self.log(f"{state.learned_net} not found; using {twin}")
                 learned = twin
-        from keras_cct.caffe.prototxt import blob_to_array
         blobs = [blob_to_array(b) for b in state.history]
         # validate history shapes before touching weights
         backup = [keras.ops.convert_to_numpy(v) for v in self.optimizer.variables]
@@ -668,19 +403,18 @@ class Solver:
     def _train_batches(self, skip: int):
         """The TRAIN batches from mini-batch ``skip`` on, prefetched in a background thread
         (each source skips ``skip`` modulo its record period, so resuming at any iteration
-        reads at most an epoch or so: see :func:`keras_cct.caffe.validate.skip_batches`)."""
+        reads at most an epoch or so: see :func:`keras_cct.caffe.train.data.skip_batches`)."""
         old = getattr(self, "_batches", None)
         if old is not None and hasattr(old, "close"):
             old.close()
         if not skip:
             return prefetch(merge_batches(self.train_sources))
-        return prefetch(_validate.skip_batches(self.train_sources, skip, log=self.log))
+        return prefetch(skip_batches(self.train_sources, skip, log=self.log))
 
     def _train_batch(self) -> Dict[str, float]:
         batch = next(self._batches)
         if self.cluster is None:
             return self.train_model.train_on_batch(batch, return_dict=True)
-        from keras_cct.strategy import cluster as _cluster
         x, _, weight = _cluster.local_slice(batch, self.shares, self.worker_index)
         return self.train_model.train_on_batch(x, sample_weight=weight, return_dict=True)
 
@@ -705,7 +439,7 @@ class Solver:
         self.smoothed_loss = 0.0
         bar = None
         if self.progress:
-            from tqdm import tqdm
+            from tqdm import tqdm  # only with a progress bar
             bar = tqdm(total=iters, leave=False, unit="iter", file=sys.stderr)
         t_last, it_last = time.perf_counter(), self.iter
         images = 0
@@ -797,62 +531,10 @@ class Solver:
         self.log("Optimization Done.")
 
 
-def random_sources(net, *, batch: Optional[int] = None, seed: int = 0,
-                   skip: Sequence[str] = ()) -> List[DataSource]:
-    """Sources of random data for the model inputs not fed by a data layer (deploy nets'
-    ``Input`` layers, for ``cct time``): uniform [0, 1) images, labels 0."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for name, shape in net.inputs.items():
-        if name in skip:
-            continue
-        bs = batch or shape[0] or 1
-        sample = tuple(int(d) for d in shape[1:])
-        arr = rng.random((bs,) + sample, dtype=np.float32)
+def load_solver(path, **kwargs) -> Solver:
+    """Read ``solver.prototxt`` and build the :class:`Solver` (its train and test nets sharing
+    weights, the optimizer and the schedule).
 
-        def gen(arr=arr, name=name):
-            while True:
-                yield {name: arr}
-        out.append(DataSource(name, "Random", [name], bs, {name: sample}, None, gen))
-    return out
-
-
-def build_phase_net(net_path: str, *, phase: str = "TEST", stages: Sequence[str] = (),
-                    weights: Optional[str] = None, batch: Optional[int] = None,
-                    random_data: bool = False, seed: Optional[int] = None,
-                    build: Optional[Callable] = None,
-                    input_shapes: Optional[Mapping[str, Sequence[int]]] = None):
-    """A net of one phase with its data: ``(CaffeTrainModel, sources, CaffeNet)``.
-
-    Data layers are read from their sources (looked up beside ``net_path`` too); with
-    ``random_data`` (or for ``Input`` layers) the inputs get random arrays instead, of the
-    Caffe shapes in ``input_shapes`` (``{top: (N, C, H, W)}``) where given.
+    Keyword arguments go to :class:`Solver` (``weights=``, ``arrays=``, ``log=``, ...).
     """
-    from keras_cct.caffe.prototxt import filter_net, read_net
-    if build is None:
-        from keras_cct.caffe import build_net as build
-    net_param = read_net(net_path)
-    fp = filter_net(net_param, phase=phase, stages=list(stages))
-    base = [os.path.dirname(os.path.abspath(net_path))]
-    sources: List[DataSource] = []
-    shapes: Dict[str, Tuple[int, ...]] = {}
-    if not random_data:
-        sources = [s for s in net_data_sources(fp, phase=phase, base_dirs=base, seed=seed)
-                   if s.type != "Input"]
-        for s in sources:
-            for top, shp in s.shapes.items():
-                shp = tuple(shp)
-                if len(shp) == 3:
-                    shp = (shp[2], shp[0], shp[1])
-                shapes[top] = (s.batch_size,) + shp
-    shapes.update({k: tuple(v) for k, v in (input_shapes or {}).items()})
-    net = build(net_param, phase=phase, stages=tuple(stages), input_shapes=shapes or None,
-                source=net_path)
-    if weights:
-        from keras_cct.caffe.weights import load_weights
-        load_weights(net.model, weights, strict=False, net_param=net.net_param)
-    fed = {t for s in sources for t in s.tops}
-    sources = sources + random_sources(net, batch=batch, skip=fed)
-    model = CaffeTrainModel(net.model, [_as_head(h) for h in net.heads], _output_blobs(net),
-                            _input_blobs(net), name=f"{phase.lower()}_net")
-    return model, sources, net
+    return Solver(read_solver(path), **kwargs)

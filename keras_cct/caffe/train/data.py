@@ -18,6 +18,8 @@ thread); :meth:`DataSource.batches` is the plain Python iterator.
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,15 +27,15 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, 
 
 import numpy as np
 
-from keras_cct.caffe import proto
-from keras_cct.caffe.lmdb_io import DatumReader, datum_to_array, read_image, read_image_list
+from keras_cct.caffe.io import proto
+from keras_cct.caffe.io.binary import blob_to_array, read_binaryproto
+from keras_cct.caffe.io.lmdb_io import DatumReader, datum_to_array, read_image, read_image_list
 from keras_cct.errors import CaffeFormatError, DataError
 
 PathLike = Union[str, os.PathLike]
-DATA_LAYER_TYPES = ("Data", "ImageData", "HDF5Data", "MemoryData", "Input", "DummyData")
 
 __all__ = ["DataTransformer", "DataSource", "data_source", "net_data_sources",
-           "resolve_path", "DATA_LAYER_TYPES"]
+           "resolve_path", "merge_batches", "skip_batches", "layer_batch"]
 
 
 def resolve_path(path: str, base_dirs: Sequence[PathLike] = ()) -> str:
@@ -96,7 +98,6 @@ class DataTransformer:
             raise CaffeFormatError("transform_param sets both mean_file and mean_value",
                                    layer=layer, hint="keep only one (Caffe refuses both)")
         if param.mean_file:
-            from keras_cct.caffe.prototxt import blob_to_array, read_binaryproto
             path = resolve_path(param.mean_file, base_dirs)
             if not os.path.exists(path):
                 raise DataError("mean_file not found", path=param.mean_file, layer=layer,
@@ -116,7 +117,6 @@ class DataTransformer:
     def fresh(self) -> "DataTransformer":
         """A copy whose random generator restarts from the seed (each pass over a source
         starts the same random crop/mirror sequence, so resumed runs stay in step)."""
-        import copy
         other = copy.copy(self)
         other.rng = np.random.default_rng(self.seed)
         return other
@@ -196,7 +196,7 @@ class DataSource:
 
     def dataset(self, prefetch: int = 4):
         """The batches as a prefetching ``tf.data.Dataset``."""
-        import tensorflow as tf
+        import tensorflow as tf  # heavy and optional: only this method needs it
         sig = {t: tf.TensorSpec((self.batch_size,) + tuple(s), tf.float32)
                for t, s in self.shapes.items()}
         ds = tf.data.Dataset.from_generator(self.batches, output_signature=sig)
@@ -326,7 +326,7 @@ def _image_data_source(layer, phase, base_dirs, seed) -> DataSource:
 
 
 def _hdf5_source(layer, phase, base_dirs, seed) -> DataSource:
-    import h5py
+    import h5py  # optional and heavy: imported only for an HDF5Data layer
     p = layer.hdf5_data_param
     listfile = resolve_path(p.source, base_dirs)
     try:
@@ -436,6 +436,13 @@ def _memory_source(layer, arrays: Optional[Mapping[str, np.ndarray]], seed,
     return DataSource(layer.name, layer.type, tops, bs, shapes, n, gen)
 
 
+#: the data layers read from files, by type
+_FILE_READERS = {"Data": _lmdb_source, "ImageData": _image_data_source,
+                 "HDF5Data": _hdf5_source}
+#: the layer types a :class:`DataSource` reads (files, then arrays)
+READ_TYPES = tuple(_FILE_READERS) + ("MemoryData", "Input")
+
+
 def data_source(layer, *, phase="TRAIN", base_dirs: Sequence[PathLike] = (),
                 seed: Optional[int] = None,
                 arrays: Optional[Mapping[str, np.ndarray]] = None) -> DataSource:
@@ -454,16 +461,13 @@ def data_source(layer, *, phase="TRAIN", base_dirs: Sequence[PathLike] = (),
     """
     phase = _phase_name(phase)
     t = layer.type
-    if t == "Data":
-        return _lmdb_source(layer, phase, base_dirs, seed)
-    if t == "ImageData":
-        return _image_data_source(layer, phase, base_dirs, seed)
-    if t == "HDF5Data":
-        return _hdf5_source(layer, phase, base_dirs, seed)
     if t in ("MemoryData", "Input"):
         return _memory_source(layer, arrays, seed, phase)
-    raise CaffeFormatError(f"layer type {t!r} is not a supported data layer", layer=layer.name,
-                           hint=f"supported: {', '.join(DATA_LAYER_TYPES[:-1])}")
+    reader = _FILE_READERS.get(t)
+    if reader is None:
+        raise CaffeFormatError(f"layer type {t!r} is not a supported data layer",
+                               layer=layer.name, hint=f"supported: {', '.join(READ_TYPES)}")
+    return reader(layer, phase, base_dirs, seed)
 
 
 def net_data_sources(net, *, phase="TRAIN", base_dirs: Sequence[PathLike] = (),
@@ -475,14 +479,14 @@ def net_data_sources(net, *, phase="TRAIN", base_dirs: Sequence[PathLike] = (),
     users can feed a net whose files are elsewhere)."""
     out = []
     for layer in net.layer:
-        if layer.type in ("Data", "ImageData", "HDF5Data", "MemoryData", "Input"):
+        if layer.type in READ_TYPES:
             if arrays is not None and layer.top and layer.top[0] in arrays \
                     and layer.type not in ("MemoryData", "Input"):
                 fake = proto.LayerParameter()
                 fake.CopyFrom(layer)
                 fake.type = "MemoryData"
                 fake.ClearField("transform_param")
-                fake.memory_data_param.batch_size = _layer_batch(layer)
+                fake.memory_data_param.batch_size = layer_batch(layer)
                 out.append(_memory_source(fake, arrays, seed, phase))
             else:
                 out.append(data_source(layer, phase=phase, base_dirs=base_dirs, seed=seed,
@@ -490,7 +494,7 @@ def net_data_sources(net, *, phase="TRAIN", base_dirs: Sequence[PathLike] = (),
     return out
 
 
-def _layer_batch(layer) -> int:
+def layer_batch(layer) -> int:
     for name in ("data_param", "image_data_param", "hdf5_data_param", "memory_data_param"):
         if layer.HasField(name):
             return int(getattr(layer, name).batch_size)
@@ -507,109 +511,49 @@ def merge_batches(sources: Sequence[DataSource]) -> Iterator[Dict[str, np.ndarra
         yield out
 
 
-_PREFETCHERS = None  # a weakref.WeakSet of the running prefetchers, made on first use
+#: records a resume may replay to put a source exactly where an uninterrupted run would be
+EXACT_REPLAY_RECORDS = 200_000
 
 
-def running_prefetchers() -> list:
-    """The :func:`prefetch` iterators whose thread is running now."""
-    return [it for it in list(_PREFETCHERS or ()) if not it.join(0)]
+def skip_batches(sources: Sequence, skip: int, log=None) -> Iterator[Dict]:
+    """The merged batches of ``sources`` from mini-batch ``skip`` on, without replaying
+    ``skip`` batches.
 
+    A source of ``size`` records cut into batches of ``batch_size`` repeats its record order
+    every ``size / gcd(size, batch_size)`` batches, so it skips ``skip`` modulo that period:
+    when that replay reads at most ``max(size, EXACT_REPLAY_RECORDS)`` records, the next
+    batch holds exactly the records of an uninterrupted run. Otherwise it replays
+    ``r // batch_size`` batches (less than one epoch), ``r`` being the record an uninterrupted
+    run would be at: the next batch starts up to ``batch_size - 1`` records early (logged).
+    Random crops, mirrors and shuffles, drawn afresh, match an uninterrupted run only when
+    nothing was left out. A source whose size is unknown (HDF5Data) skips at most 10,000
+    batches (logged). (Caffe itself restarts its data layers at the first record.)
+    """
+    its = []
+    for s in sources:
+        size, bs = getattr(s, "size", None), max(int(getattr(s, "batch_size", 1) or 1), 1)
+        if size:
+            n = skip % (size // math.gcd(size, bs))
+            if n * bs > max(size, EXACT_REPLAY_RECORDS):
+                r = (skip * bs) % size
+                n = r // bs
+                if r % bs and log is not None:
+                    log(f"{s.name}: resumed at record {r - r % bs} of {size}, {r % bs} "
+                        f"before where the interrupted run was")
+        else:
+            n = min(skip, 10_000)
+            if n < skip and log is not None:
+                log(f"{s.name}: the data position on resume is approximate (its size is "
+                    f"unknown; {n} of {skip} batches skipped)")
+        it = s.batches()
+        for _ in range(n):
+            next(it)
+        its.append(it)
 
-def stop_prefetchers(timeout: float = 2.0, *, keep=()) -> None:
-    """Stop every running :func:`prefetch` thread (but those in ``keep``) and wait (up to
-    ``timeout`` seconds in all) for them to end. ``cct`` calls it for the prefetchers a command
-    started when it ends, and it runs at interpreter exit: a reader thread left running would
-    be frozen holding its library's lock (h5py's global lock, LMDB's), and the interpreter's
-    shutdown would wait for that lock forever."""
-    import time
-    kept = {id(it) for it in keep}
-    its = [it for it in running_prefetchers() if id(it) not in kept]
-    if not its:
-        return
-    for it in its:
-        it.close()
-    end = time.monotonic() + timeout
-    for it in its:
-        it.join(max(end - time.monotonic(), 0.0))
-
-
-def prefetch(iterator: Iterator, depth: int = 4) -> Iterator:
-    """Run ``iterator`` in a background thread, ``depth`` items ahead (Caffe's prefetching
-    data layers); exceptions are re-raised in the consumer. ``close()`` stops the thread
-    (after the item it is reading); :func:`stop_prefetchers` stops them all."""
-    import atexit
-    import queue
-    import threading
-    import weakref
-
-    global _PREFETCHERS
-    if _PREFETCHERS is None:
-        _PREFETCHERS = weakref.WeakSet()
-        atexit.register(stop_prefetchers)
-    q: "queue.Queue" = queue.Queue(maxsize=max(depth, 1))
-    stop = threading.Event()
-    _END = object()
-
-    def put(entry) -> bool:
-        """Queue ``entry`` unless stopped first; whether it was queued."""
-        while not stop.is_set():
-            try:
-                q.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work():
-        try:
-            for item in iterator:
-                if not put((item, None)):
-                    return
-        except BaseException as exc:  # forwarded to the consumer
-            put((_END, exc))
-            return
-        finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                try:
-                    close()  # a generator's files (h5py, LMDB) are closed in this thread
-                except Exception:
-                    pass
-        put((_END, None))
-
-    thread = threading.Thread(target=work, daemon=True, name="cct-prefetch")
-    thread.start()
-
-    class _It:
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            while True:
-                try:
-                    item, exc = q.get(timeout=0.5)
-                    break
-                except queue.Empty:
-                    if not thread.is_alive() and q.empty():
-                        raise DataError("the data reader thread was stopped (its prefetch "
-                                        "iterator was closed)") from None
-            if item is _END:
-                if exc is not None:
-                    raise exc
-                raise StopIteration
-            return item
-
-        def close(self):
-            stop.set()
-
-        def join(self, timeout: Optional[float] = None) -> bool:
-            """Wait for the thread to end; whether it did."""
-            thread.join(timeout)
-            return not thread.is_alive()
-
-        def __del__(self):
-            stop.set()
-
-    it = _It()
-    _PREFETCHERS.add(it)
-    return it
+    def merged():
+        while True:
+            out: Dict = {}
+            for it in its:
+                out.update(next(it))
+            yield out
+    return merged()

@@ -34,17 +34,18 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from keras_cct.caffe import proto
 from keras_cct._files import atomic_path, atomic_write
-from keras_cct.caffe.prototxt import blob_shape, parse_caffemodel
-from keras_cct.caffe.validate import read_bounded
+from keras_cct.caffe.io import proto
+from keras_cct.caffe.io.binary import blob_shape, parse_caffemodel
+from keras_cct.caffe.io.validate import read_bounded
 from keras_cct.errors import CaffeFormatError
 
 PathLike = Union[str, os.PathLike]
 
 __all__ = ["keras_name", "caffe_name", "caffe_type_of", "layer_blobs_to_keras",
-           "keras_layer_to_blobs", "expected_blob_shapes", "blob_array", "load_weights",
-           "save_weights", "WEIGHTED_TYPES"]
+           "keras_layer_to_blobs", "keras_arrays_to_blobs", "caffe_params",
+           "expected_blob_shapes", "blob_array", "load_weights", "save_weights",
+           "WEIGHTED_TYPES"]
 
 WEIGHTED_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "PReLU", "BatchNorm",
                   "Scale", "Bias")
@@ -208,6 +209,35 @@ def keras_layer_to_blobs(layer) -> List[np.ndarray]:
     return arrays
 
 
+def keras_arrays_to_blobs(layer, arrays: Sequence[np.ndarray], *, transpose: bool = False
+                          ) -> List[np.ndarray]:
+    """Keras-layout arrays of a layer's variables (e.g. an optimizer's history) -> Caffe blob
+    arrays: the exact inverse of :func:`layer_blobs_to_keras` (a permutation of elements), found
+    by passing element indices through it, so that snapshots and restores can never disagree."""
+    shapes = expected_blob_shapes(layer, transpose=transpose)
+    sizes = [int(np.prod(e)) for e in shapes]
+    # indices split in two float32-exact halves (the converter works in float32)
+    hi = [(np.arange(n, dtype=np.int64) // 4096).astype(np.float32).reshape(e)
+          for n, e in zip(sizes, shapes)]
+    lo = [(np.arange(n, dtype=np.int64) % 4096).astype(np.float32).reshape(e)
+          for n, e in zip(sizes, shapes)]
+    khi = layer_blobs_to_keras(layer, hi, transpose=transpose)
+    klo = layer_blobs_to_keras(layer, lo, transpose=transpose)
+    out = []
+    for arr, h, l, n, e in zip(arrays, khi, klo, sizes, shapes):
+        idx = np.asarray(h, np.int64).ravel() * 4096 + np.asarray(l, np.int64).ravel()
+        flat = np.empty(n, np.float32)
+        flat[idx] = np.asarray(arr, np.float32).ravel()
+        out.append(flat.reshape(e))
+    return out
+
+
+def caffe_params(model) -> List[Tuple[object, List]]:
+    """``[(layer, [variables])]`` of the layers with Caffe blobs, in Caffe's blob order."""
+    return [(layer, list(layer.weights)) for layer in model.layers
+            if caffe_type_of(layer) is not None]
+
+
 def _shape_matches(found: Tuple[int, ...], expected: Tuple[int, ...], legacy: bool) -> bool:
     if found == expected:
         return True
@@ -249,7 +279,7 @@ def _h5_array(ds, path: str, layer: str) -> np.ndarray:
 def _hdf5_entries(path: str) -> Dict[str, tuple]:
     """The entries of :func:`_weight_source` for Caffe's HDF5 weights (/data/<layer>/<i>);
     whatever h5py raises on a corrupt file is a CaffeFormatError."""
-    import h5py
+    import h5py  # optional and heavy: imported only for an HDF5 weights file
     entries: Dict[str, tuple] = {}
 
     def visit(name, obj):
@@ -495,7 +525,7 @@ def save_weights(model_or_net, path: PathLike, *, name: Optional[str] = None,
 
 
 def _save_hdf5(model, path: str, names: Dict[str, str], transposed) -> int:
-    import h5py
+    import h5py  # optional and heavy: imported only for an HDF5 weights file
     count = 0
     with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
