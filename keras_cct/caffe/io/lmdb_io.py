@@ -122,19 +122,19 @@ def datum_to_array(datum: "proto.Datum", *, path: Optional[str] = None,
         return img[:, :, None] if img.ndim == 2 else img
     c, h, w = int(datum.channels), int(datum.height), int(datum.width)
     size = c * h * w
-    if len(datum.data):
-        if len(datum.data) != size:
+
+    def check(n: int, what: str) -> None:
+        if n != size:
             raise DataError(
-                f"Datum holds {len(datum.data)} bytes but channels*height*width = "
-                f"{c}*{h}*{w} = {size}", path=path, layer=where,
+                f"Datum holds {n} {what} but channels*height*width = {c}*{h}*{w} = {size}",
+                path=path, layer=where,
                 hint="the record is corrupt or was written with wrong dimensions")
+
+    if len(datum.data):
+        check(len(datum.data), "bytes")
         arr = np.frombuffer(datum.data, np.uint8).reshape(c, h, w)
     elif len(datum.float_data):
-        if len(datum.float_data) != size:
-            raise DataError(
-                f"Datum holds {len(datum.float_data)} floats but channels*height*width = "
-                f"{c}*{h}*{w} = {size}", path=path, layer=where,
-                hint="the record is corrupt or was written with wrong dimensions")
+        check(len(datum.float_data), "floats")
         arr = np.asarray(datum.float_data, np.float32).reshape(c, h, w)
     else:
         raise DataError("Datum holds no data", path=path, layer=where)

@@ -71,6 +71,17 @@ def _copy_params(src, dst) -> None:
             getattr(dst, fd.name).CopyFrom(value)
 
 
+def _copy_weighted(v0, p) -> None:
+    """A V0 layer's num_output, biasterm and fillers -> a convolution or inner product param."""
+    if v0.HasField("num_output"):
+        p.num_output = v0.num_output
+    p.bias_term = v0.biasterm
+    if v0.HasField("weight_filler"):
+        p.weight_filler.CopyFrom(v0.weight_filler)
+    if v0.HasField("bias_filler"):
+        p.bias_filler.CopyFrom(v0.bias_filler)
+
+
 def _upgrade_v0_layer(conn, v1, path: str) -> None:
     """A V0 ``layers { layer {...} bottom top }`` connection -> V1 layer (in place)."""
     v0 = conn.layer
@@ -87,13 +98,7 @@ def _upgrade_v0_layer(conn, v1, path: str) -> None:
     t = type_name
     if t == "conv":
         p = v1.convolution_param
-        if v0.HasField("num_output"):
-            p.num_output = v0.num_output
-        p.bias_term = v0.biasterm
-        if v0.HasField("weight_filler"):
-            p.weight_filler.CopyFrom(v0.weight_filler)
-        if v0.HasField("bias_filler"):
-            p.bias_filler.CopyFrom(v0.bias_filler)
+        _copy_weighted(v0, p)
         if v0.pad:
             p.pad.append(v0.pad)
         if v0.HasField("kernelsize"):
@@ -103,14 +108,7 @@ def _upgrade_v0_layer(conn, v1, path: str) -> None:
         if v0.HasField("stride"):
             p.stride.append(v0.stride)
     elif t == "innerproduct":
-        p = v1.inner_product_param
-        if v0.HasField("num_output"):
-            p.num_output = v0.num_output
-        p.bias_term = v0.biasterm
-        if v0.HasField("weight_filler"):
-            p.weight_filler.CopyFrom(v0.weight_filler)
-        if v0.HasField("bias_filler"):
-            p.bias_filler.CopyFrom(v0.bias_filler)
+        _copy_weighted(v0, v1.inner_product_param)
     elif t == "pool":
         p = v1.pooling_param
         p.pool = v0.pool

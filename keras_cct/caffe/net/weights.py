@@ -96,29 +96,17 @@ def blob_array(blob, *, path: Optional[str] = None, layer: Optional[str] = None)
     if not len(blob.double_data):
         raw = blob.SerializeToString()
         chunks = []
-        pos, n = 0, len(raw)
         ok = True
-        while pos < n:
-            key, pos = _varint(raw, pos)
-            field, wire = key >> 3, key & 7
-            if wire == 2:
-                length, pos = _varint(raw, pos)
-                if field == 5:
-                    chunks.append(np.frombuffer(raw, dtype="<f4", count=length // 4,
-                                                offset=pos))
-                pos += length
-            elif wire == 0:
-                _, pos = _varint(raw, pos)
-            elif wire == 5:
-                if field == 5:
+        try:
+            for field, wire, start, end in _fields(raw, 0, len(raw)):
+                if field == 5 and wire == 2:  # packed floats
+                    chunks.append(np.frombuffer(raw, dtype="<f4", count=(end - start) // 4,
+                                                offset=start))
+                elif field == 5 and wire == 5:  # unpacked floats: protobuf's own list
                     ok = False
                     break
-                pos += 4
-            elif wire == 1:
-                pos += 8
-            else:
-                ok = False
-                break
+        except ValueError:  # a wire type _fields does not read
+            ok = False
         if ok:
             values = (np.concatenate(chunks) if len(chunks) > 1 else
                       chunks[0] if chunks else np.zeros((0,), np.float32))
