@@ -17,6 +17,15 @@ from keras_cct.ops import failures
 from keras_cct.strategy import context as strategy_context
 
 
+def _symbolic() -> bool:
+    """Whether Keras is tracing output shapes (``compute_output_spec``), not running."""
+    try:
+        from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+    except ImportError:  # a Keras without symbolic scopes: plan as for a real call
+        return False
+    return in_symbolic_scope()
+
+
 @keras.saving.register_keras_serializable(package="keras_cct")
 class HybridConv2D(keras.layers.Layer):
     """2-D convolution computed as lowering + GEMM + lifting; a drop-in for ``Conv2D``.
@@ -91,6 +100,8 @@ class HybridConv2D(keras.layers.Layer):
             failures.install_keras_hook()  # the device's typed error out of fit / predict
         self.input_spec = InputSpec(ndim=4)
         self._plans: Dict[Tuple, Tuple[ConvGeometry, str]] = {}
+        self._batch_hint: Optional[int] = None
+        self._built_shape: Optional[Tuple] = None
         self._strategy = strategy_context.current() if device is None else None
 
     # ------------------------------------------------------------------------------ building
@@ -129,8 +140,11 @@ class HybridConv2D(keras.layers.Layer):
         axis = -1 if self.data_format == "channels_last" else 1
         self.input_spec = InputSpec(ndim=4, axes={axis: channels})
         kernel_shape = self.kernel_size + (channels // self.groups, self.filters)
+        if isinstance(shape[0], int):
+            self._batch_hint = shape[0]  # a static batch: what "auto" plans for without one
         if shape[1] is not None and shape[2] is not None:
-            self._plan(shape)  # validates kernel vs padded input now, not at the first call
+            self._geometry(shape)  # validates kernel vs padded input now, not at the first call
+            self._built_shape = tuple(shape[1:])
         self.kernel = self.add_weight(
             name="kernel", shape=kernel_shape, initializer=self.kernel_initializer,
             regularizer=self.kernel_regularizer, constraint=self.kernel_constraint,
@@ -142,34 +156,49 @@ class HybridConv2D(keras.layers.Layer):
                 regularizer=self.bias_regularizer, constraint=self.bias_constraint,
                 trainable=True, dtype=self.dtype)
 
+    def _geometry(self, shape: Tuple) -> ConvGeometry:
+        """The validated geometry for a channels-last input shape (the batch is not part of it)."""
+        kernel_shape = self.kernel_size + (shape[-1] // self.groups, self.filters)
+        try:
+            return conv_geometry((None,) + tuple(shape[1:]), kernel_shape, strides=self.strides,
+                                 padding=self.padding, dilation_rate=self.dilation_rate,
+                                 groups=self.groups)
+        except LoweringError as exc:
+            raise ValueError(f"layer '{self.name}': {exc}") from None
+
     def _plan(self, shape: Tuple) -> Tuple[ConvGeometry, str]:
-        """Geometry and lowering for a channels-last input shape (cached per spatial shape)."""
-        key = tuple(shape[1:])
+        """Geometry and lowering for a channels-last input shape, cached per spatial shape and
+        batch. ``"auto"`` is planned for the batch the layer runs at: a concrete batch in the
+        shape (JAX and PyTorch always have one; rankings at 8 images and at 32 differ), else
+        the static batch the layer was built with, else the planner's default. A symbolic call
+        (Keras computing output shapes) plans nothing: any lowering gives the same shape."""
+        batch = shape[0] if isinstance(shape[0], int) else None
+        key = (tuple(shape[1:]), batch if batch is not None else self._batch_hint)
         plan = self._plans.get(key)
         if plan is None:
-            kernel_shape = self.kernel_size + (shape[-1] // self.groups, self.filters)
-            try:
-                geo = conv_geometry((None,) + key, kernel_shape, strides=self.strides,
-                                    padding=self.padding, dilation_rate=self.dilation_rate,
-                                    groups=self.groups)
-            except LoweringError as exc:
-                raise ValueError(f"layer '{self.name}': {exc}") from None
-            lowering = self.lowering
-            if lowering == "auto":
-                lowering = choose_for(geo, mode=self.planner, dtype=self.compute_dtype)
-            else:
+            geo = self._geometry(shape)
+            if self.lowering != "auto":
                 try:
-                    check_available(geo, lowering)
+                    check_available(geo, self.lowering)
                 except LoweringError as exc:
                     raise ValueError(f"layer '{self.name}': {exc}") from None
+                lowering = self.lowering
+            elif _symbolic():  # a stand-in batch (Keras traces shapes with made-up sizes)
+                return geo, "native"
+            else:
+                lowering = choose_for(geo, mode=self.planner, dtype=self.compute_dtype,
+                                      batch=key[1])
             plan = self._plans[key] = (geo, lowering)
         return plan
 
     @property
     def chosen_lowering(self) -> Optional[str]:
-        """The lowering used for the most recently planned input shape (None before build)."""
+        """The lowering used for the most recently planned input shape (planned on first asking
+        if the layer is built but has not run yet; None before build)."""
         if not self._plans:
-            return None
+            if self._built_shape is None:
+                return None
+            self._plan((self._batch_hint,) + self._built_shape)
         return list(self._plans.values())[-1][1]
 
     # ------------------------------------------------------------------------------ calling
@@ -201,7 +230,7 @@ class HybridConv2D(keras.layers.Layer):
         if shape[1] is None or shape[2] is None:
             out = (shape[0], None, None, self.filters)
         else:
-            geo, _ = self._plan(shape)
+            geo = self._geometry(shape)
             out = (shape[0], geo.out_h, geo.out_w, self.filters)
         if self.data_format == "channels_first":
             out = (out[0], out[3], out[1], out[2])

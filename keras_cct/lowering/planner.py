@@ -7,8 +7,9 @@ Three modes:
   fastest form), the cost model's best lowered type and, where they apply, ``"winograd"``
   (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3); not in 16-bit floats: :data:`IMPRECISE`) and
   ``"space_to_depth"`` (:data:`NEEDS`) -- is
-  timed once for the exact shape, backend, dtype and machine (forward+backward at up to
-  :data:`AUTO_BATCH` images, :func:`auto_batch`; two repeats). A winner other than
+  timed once for the exact shape, batch, backend, dtype and machine (forward+backward at up to
+  :data:`AUTO_BATCH` images, :func:`auto_batch`; :data:`AUTO_REPEATS` rounds, the candidates
+  interleaved so that a burst of load on the machine falls on all of them). A winner other than
   ``"native"`` must beat it by :data:`NATIVE_MARGIN`, and one that wins by less than
   :data:`CONFIRM_BELOW` at a batch smaller than the layer's is timed again beside ``"native"``
   at a larger batch (:func:`confirm_batch`; rankings at 4 images and at 32 can differ). The
@@ -44,13 +45,16 @@ from keras_cct.lowering.native import MAX_SPLIT_GROUPS
 
 ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd", "winograd4", "space_to_depth")
 PLANNER_MODES = ("auto", "model", "measure")
-CACHE_VERSION = 4  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation
+CACHE_VERSION = 5  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+#                   5: interleaved rounds, planned per batch
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
 #: ranking hardly does), to keep the first use of a shape near a second.
 AUTO_BATCH = 16
 AUTO_FLOPS_PER_CALL = 6e9
+#: Rounds ``mode="auto"`` times its shortlist in (best of each; the candidates interleaved).
+AUTO_REPEATS = 3
 #: Forward flops under which ``mode="auto"`` picks ``"native"`` without timing (it does the
 #: same for more than :data:`~keras_cct.lowering.native.MAX_SPLIT_GROUPS` groups, depthwise
 #: layers included: the lowerings run one GEMM per group, the backend one grouped op): at a few
@@ -193,15 +197,15 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     if isinstance(hit, dict) and hit.get("choice") in shortlist:
         return hit["choice"]
     small = auto_batch(geo, batch)
-    times = {c: time_lowering(geo, c, batch=small, dtype=dtype, training=training, repeats=2)
-             for c in shortlist}
+    times = time_lowerings(geo, shortlist, batch=small, dtype=dtype, training=training,
+                           repeats=AUTO_REPEATS)
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times}
     big = confirm_batch(geo, batch)
     if best != "native" and "native" in times and big > small and \
             times["native"] < CONFIRM_BELOW * times[best]:
-        again = {c: time_lowering(geo, c, batch=big, dtype=dtype, training=training, repeats=2)
-                 for c in ("native", best)}
+        again = time_lowerings(geo, ("native", best), batch=big, dtype=dtype,
+                               training=training, repeats=AUTO_REPEATS)
         best = _keep_native(again)
         entry.update(confirm_batch=big, confirm_seconds=again)
     entries = _read_cache()
@@ -316,8 +320,8 @@ def _measured_choice(geo: ConvGeometry, cands, dtype: str, training: bool, batch
     hit = entries.get(key)
     if isinstance(hit, dict) and hit.get("choice") in cands:
         return hit["choice"]
-    times = {c: time_lowering(geo, c, batch=batch, dtype=dtype, training=training,
-                              repeats=repeats) for c in cands}
+    times = time_lowerings(geo, cands, batch=batch, dtype=dtype, training=training,
+                           repeats=repeats)
     best = min(times, key=times.get)
     entries = _read_cache()
     entries[key] = {"choice": best, "seconds": times}
@@ -329,19 +333,41 @@ def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: s
                   training: bool = True, repeats: int = 3) -> float:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of ``lowering`` on ``geo``,
     after one warm-up call, on the current Keras backend."""
-    import concurrent.futures
+    return time_lowerings(geo, (lowering,), batch=batch, dtype=dtype, training=training,
+                          repeats=repeats)[lowering]
 
-    from keras_cct.lowering.timing import make_step
+
+def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 32,
+                   dtype: str = "float32", training: bool = True,
+                   repeats: int = 3) -> Dict[str, float]:
+    """Best-of-``repeats`` seconds of one forward (+ backward) pass of each of ``lowerings``
+    on ``geo``, on the current Keras backend: one warm-up call each, then ``repeats`` rounds
+    in which each is timed once, the order rotated every round (side by side, so that a burst
+    of load on a busy machine does not fall on one candidate only)."""
+    import concurrent.futures
     # A layer may be built while TF traces a function (its graph and paused gradient tapes are
     # thread-local): time on a fresh thread, which starts in plain eager mode.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(_time_lowering, geo, lowering, batch, dtype, training, repeats,
-                           make_step).result()
+        return pool.submit(_time_lowerings, geo, tuple(lowerings), batch, dtype, training,
+                           repeats).result()
 
 
-def _time_lowering(geo, lowering, batch, dtype, training, repeats, make_step) -> float:
-    from keras_cct.lowering.timing import best_of
+def _time_lowerings(geo, lowerings, batch, dtype, training, repeats) -> Dict[str, float]:
+    import time
+
+    from keras_cct.lowering.timing import make_step
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
-    return best_of(make_step(geo, lowering, x, k, training=training, dtype=dtype), repeats)
+    steps = {}
+    for low in lowerings:
+        steps[low] = make_step(geo, low, x, k, training=training, dtype=dtype)
+        steps[low]()  # warm-up: compile, first-touch memory
+    best = {low: float("inf") for low in lowerings}
+    for rnd in range(repeats):
+        order = lowerings[rnd % len(lowerings):] + lowerings[:rnd % len(lowerings)]
+        for low in order:
+            t0 = time.perf_counter()
+            steps[low]()
+            best[low] = min(best[low], time.perf_counter() - t0)
+    return best

@@ -164,30 +164,62 @@ def test_default_planner_times_native_against_the_lowerings(tmp_path, monkeypatc
         timed.append((lowering, kw["batch"]))
         return {"native": 2.0, "winograd": 1.0, "winograd4": 1.5}.get(lowering, 3.0)
 
-    monkeypatch.setattr(planner, "time_lowering", fake_time)
+    monkeypatch.setattr(planner, "time_lowerings", lambda geo, lows, **kw: {
+        low: fake_time(geo, low, **kw) for low in lows})
     layer = HybridConv2D(256, 3, padding=1)
     assert layer.planner == "auto"
     layer.build((None, 13, 13, 64))
+    assert timed == []                                    # planned at first use, not at build
+    assert layer.chosen_lowering == "winograd"
     # native, Winograd (3x3, stride 1) and the cost model's one lowered type, at a small batch
     assert sorted(t for t, _ in timed) == ["native", "type1", "winograd", "winograd4"]
     assert {b for _, b in timed} == {planner.AUTO_BATCH}  # 13x13x64 -> 256: 0.1 GFLOP/image
-    assert layer.chosen_lowering == "winograd"
     timed.clear()
     layer = HybridConv2D(256, 5, strides=2, padding=2)  # no Winograd for 5x5 at stride 2
     layer.build((None, 13, 13, 64))
-    assert sorted(t for t, _ in timed) == ["native", "type1"]
     assert layer.chosen_lowering == "native"
+    assert sorted(t for t, _ in timed) == ["native", "type1"]
     timed.clear()
     layer = HybridConv2D(256, 3, padding=1, dtype="mixed_bfloat16")
     layer.build((None, 13, 13, 64))  # F(4x4, 3x3) is not accurate enough in bfloat16
+    assert layer.chosen_lowering == "winograd"
     assert sorted(t for t, _ in timed) == ["native", "type1", "winograd"]
     timed.clear()
     layer = HybridConv2D(512, 3, padding=1, groups=512)  # depthwise: one grouped op
     layer.build((None, 28, 28, 512))
-    assert timed == [] and layer.chosen_lowering == "native"
+    assert layer.chosen_lowering == "native" and timed == []
     layer = HybridConv2D(4, 3, padding=1)  # too small to be worth timing: the backend's op
     layer.build((None, 8, 8, 2))
-    assert timed == [] and layer.chosen_lowering == "native"
+    assert layer.chosen_lowering == "native" and timed == []
+
+
+def test_auto_plans_for_the_batch_the_layer_runs_at(tmp_path, monkeypatch):
+    from keras_cct.lowering import planner
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path))
+    timed = []
+
+    def fake_times(geo, lows, *, batch, **kw):
+        timed.extend((low, batch) for low in lows)
+        return {low: 1.0 if low == "native" else 2.0 for low in lows}
+
+    monkeypatch.setattr(planner, "time_lowerings", fake_times)
+    layer = HybridConv2D(256, 3, padding=1)
+    inp = keras.Input((13, 13, 64))
+    layer(inp)                                            # Keras tracing shapes: nothing timed
+    assert timed == []
+    x = np.zeros((4, 13, 13, 64), "float32")
+    layer(x)
+    assert {b for _, b in timed} == {4}                   # timed at the 4 images it runs at
+    n = len(timed)
+    layer(x)
+    assert len(timed) == n                                # planned once per batch
+    layer(np.zeros((8, 13, 13, 64), "float32"))
+    assert {b for _, b in timed[n:]} == {8}
+    # a layer built with a static batch plans for it when a call has none (TF under fit)
+    timed.clear()
+    static = HybridConv2D(256, 3, padding=1)
+    static.build((6, 13, 13, 64))
+    assert static.chosen_lowering == "native" and {b for _, b in timed} == {6}
 
 
 def _small_model(lowering="auto"):

@@ -42,6 +42,12 @@ def test_unknown_mode():
         choose((1, 8, 8, 4), (3, 3, 4, 4), mode="guess")
 
 
+def _patch_timer(monkeypatch, fake):
+    """The planner's timer answering ``fake(geo, lowering, batch=..., ...)`` per lowering."""
+    monkeypatch.setattr(planner, "time_lowerings",
+                        lambda geo, lows, **kw: {low: fake(geo, low, **kw) for low in lows})
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path))
@@ -57,7 +63,7 @@ def test_measure_mode_times_each_candidate_once_and_caches(cache_dir, monkeypatc
         timed.append(lowering)
         return fake[lowering]
 
-    monkeypatch.setattr(planner, "time_lowering", fake_time)
+    _patch_timer(monkeypatch, fake_time)
     args = ((None, 9, 9, 4), (3, 3, 4, 4))
     assert choose(*args, mode="measure") == "type2"
     assert sorted(timed) == sorted(fake)
@@ -72,7 +78,7 @@ def test_measure_mode_times_each_candidate_once_and_caches(cache_dir, monkeypatc
 
 
 def test_corrupt_or_stale_cache_is_ignored(cache_dir, monkeypatch):
-    monkeypatch.setattr(planner, "time_lowering", lambda geo, low, **kw: float(low == "type1"))
+    _patch_timer(monkeypatch, lambda geo, low, **kw: float(low == "type1"))
     (cache_dir / "planner.json").write_text("{not json")
     with pytest.warns(PlannerCacheWarning, match="ignoring the planner cache"):
         assert choose((None, 8, 8, 2), (3, 3, 2, 2), mode="measure") in ("type2", "type3",
@@ -92,8 +98,8 @@ def test_real_measurement_returns_a_working_lowering(cache_dir):
 
 def test_measure_mode_skips_lowerings_that_cannot_fit(cache_dir, monkeypatch):
     timed = []
-    monkeypatch.setattr(planner, "time_lowering",
-                        lambda geo, low, **kw: timed.append(low) or 1.0)
+    _patch_timer(monkeypatch,
+                 lambda geo, low, **kw: timed.append(low) or 1.0)
     monkeypatch.setenv("KERAS_CCT_MEMORY_BUDGET", str(200 << 20))
     # CaffeNet conv1 at batch 32: Type 3's lifted matrix alone is 32*227*227*121*96*4 bytes.
     choose((32, 227, 227, 3), (11, 11, 3, 96), strides=4, mode="measure")
@@ -104,8 +110,8 @@ def test_measure_mode_skips_lowerings_that_cannot_fit(cache_dir, monkeypatch):
 def test_planner_never_returns_a_lowering_unavailable_for_the_shape(cache_dir, monkeypatch,
                                                                      mode):
     # Whatever the timings say, Winograd is not offered for 5x5, strided or dilated kernels.
-    monkeypatch.setattr(planner, "time_lowering",
-                        lambda geo, low, **kw: 0.0 if low.startswith("winograd") else 1.0)
+    _patch_timer(monkeypatch,
+                 lambda geo, low, **kw: 0.0 if low.startswith("winograd") else 1.0)
     for kernel, kw in (((5, 5, 64, 64), {}), ((3, 3, 64, 64), {"strides": 2}),
                        ((3, 3, 64, 64), {"dilation_rate": 2})):
         geo = conv_geometry((32, 27, 27, 64), kernel, padding=2, **kw)
@@ -143,7 +149,7 @@ def _fake_timer(monkeypatch, table):
         timed.append((low, kw["batch"]))
         return table.get((low, kw["batch"]), table.get(low, 10.0))
 
-    monkeypatch.setattr(planner, "time_lowering", fake)
+    _patch_timer(monkeypatch, fake)
     return timed
 
 
