@@ -22,13 +22,22 @@ __all__ = ["CaffeConcat", "CaffeSlice", "CaffeSoftmax", "CaffeFlatten", "CaffeRe
 # Shape layers (axes are Caffe axes)
 
 
-@keras.saving.register_keras_serializable(package=_PKG)
-class CaffeConcat(keras.layers.Layer):
-    """Caffe's Concat along Caffe axis ``axis``."""
+class _CaffeAxisLayer(keras.layers.Layer):
+    """A layer with one Caffe axis parameter, ``axis`` (default 1, the channels)."""
 
     def __init__(self, axis: int = 1, **kwargs) -> None:
         super().__init__(**kwargs)
         self.axis = int(axis)
+
+    def get_config(self):
+        cfg = super().get_config()
+        cfg.update(axis=self.axis)
+        return cfg
+
+
+@keras.saving.register_keras_serializable(package=_PKG)
+class CaffeConcat(_CaffeAxisLayer):
+    """Caffe's Concat along Caffe axis ``axis``."""
 
     def compute_output_shape(self, input_shape):
         rank = len(input_shape[0])
@@ -40,11 +49,6 @@ class CaffeConcat(keras.layers.Layer):
 
     def call(self, inputs):
         return ops.concatenate(list(inputs), axis=caffe_axis(self.axis, len(inputs[0].shape)))
-
-    def get_config(self):
-        cfg = super().get_config()
-        cfg.update(axis=self.axis)
-        return cfg
 
 
 @keras.saving.register_keras_serializable(package=_PKG)
@@ -102,23 +106,14 @@ class CaffeSlice(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=_PKG)
-class CaffeSoftmax(keras.layers.Layer):
+class CaffeSoftmax(_CaffeAxisLayer):
     """Caffe's Softmax along Caffe axis ``axis`` (default 1, the channels)."""
-
-    def __init__(self, axis: int = 1, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.axis = int(axis)
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def call(self, x):
         return ops.softmax(x, axis=caffe_axis(self.axis, len(x.shape)))
-
-    def get_config(self):
-        cfg = super().get_config()
-        cfg.update(axis=self.axis)
-        return cfg
 
 
 def _static_caffe_shape(layer, shape) -> List[Optional[int]]:
