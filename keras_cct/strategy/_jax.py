@@ -215,6 +215,8 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
                 shard = strategy._take_ticket(int(ticket))
                 got = shard.result() if isinstance(shard, _Remote) else _opencl.collect(
                     strategy, plan, phase, i, geo, shard, arrays, **kw)
+                if not strategy.active[i]:  # dropped: the step is traced again without it
+                    _stale(generation)
                 return tuple(np.asarray(g, np.float32) for g in got)
             outs[i] = list(_callback(collect, out_shapes(i), ticket, done[0], *arrays_of(i)))
         return outs
@@ -295,11 +297,26 @@ class _Retracing:
 
     def __call__(self, *args, **kwargs):
         if self.generation != _GENERATION[0]:
-            getattr(self.trainer, self.make)(force=True)
+            self._remake()
             fn = getattr(self.trainer, self.attr)
             if fn is not self:
                 return fn(*args, **kwargs)
         return self.__wrapped__(*args, **kwargs)
+
+    def _remake(self) -> None:
+        """Make the step function again. Keras jits the trainer's bound ``train_step`` /
+        ``test_step``, which JAX's trace cache knows (equal bound methods, equal shapes: the
+        old trace would come back); a new function object is traced afresh."""
+        trainer = self.trainer
+        step = {"train_function": "train_step", "test_function": "test_step"}.get(self.attr)
+        if step is not None:
+            method = getattr(type(trainer), step)
+            object.__setattr__(trainer, step, lambda *a, **k: method(trainer, *a, **k))
+        try:
+            getattr(trainer, self.make)(force=True)
+        finally:
+            if step is not None:
+                object.__delattr__(trainer, step)
 
     def __getattr__(self, name):
         return getattr(self.__wrapped__, name)
