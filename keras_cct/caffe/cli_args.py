@@ -54,8 +54,9 @@ def parse_shapes(items) -> Dict[str, Tuple[int, ...]]:
     return shapes
 
 
-#: Data layers whose blob shapes come from reading their source.
-_SOURCE_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData")
+#: Data layers whose blob shapes come from reading their source (the others, MemoryData and
+#: DummyData, declare them).
+_SOURCE_TYPES = tuple(t for t in DATA_TYPES if t not in ("MemoryData", "DummyData"))
 
 
 def _input_dims(fp) -> Dict[str, Tuple[int, ...]]:
