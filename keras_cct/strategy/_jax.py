@@ -19,7 +19,8 @@ of its own, or *tied* to the forward's shards (``backward_split``), when the JAX
 gradient reuses its forward's lowered data (``jax.vjp`` residuals).
 
 When a layer's fractions ask for other shard sizes than a compiled step has (rebalancing, a
-dropped device), Keras' step function is traced again before the next step (the trainer's
+dropped device) -- by at least one image, or batch/32 images of a larger batch -- Keras'
+step function is traced again before the next step (the trainer's
 ``make_*_function`` is wrapped, see :func:`install_retrace`); rebalancing moves in bounded,
 smoothed steps, so this settles after a few steps. Outside ``jit`` every call reads the
 fractions afresh.
@@ -166,10 +167,9 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
 
     def begin(phase, sizes):
         def start(_):
-            plan.next_sizes(phase, tied, batch, fixed=sizes)
-            if plan.stale:
-                plan.stale = False
-                _stale(generation)
+            wanted = plan.next_sizes(phase, tied, batch, fixed=sizes)
+            if np.abs(wanted - np.asarray(sizes)).max() >= max(1, batch // 32):
+                _stale(generation)  # (a few images' wobble does not recompile a big batch)
             return np.int32(0)
         return _callback(start, i32, jnp.int32(batch))
 

@@ -76,7 +76,6 @@ class _LayerPlan:
         self.lock = threading.Lock()
         self.phases = {p: _Phase(fractions) for p in PHASES}
         self.steps = 0
-        self.stale = False  # a compiled step's sizes differ from the fractions' (JAX)
 
     def sizes(self, phase: str, batch: int) -> np.ndarray:
         """Shard sizes of ``phase`` from its current fractions (integers summing to
@@ -98,8 +97,8 @@ class _LayerPlan:
         its fractions toward equal finish times. ``tied``: the backward reuses the forward's
         shards (and its lowered data), so the forward is balanced on forward + backward time
         and the backward phase mirrors it. ``fixed``: the sizes this step runs with (a
-        compiled step's static shapes, JAX); then the return value is the sizes the fractions
-        now ask for, and ``stale`` is set when they differ."""
+        compiled step's static shapes, JAX); the return value is the sizes the fractions now
+        ask for."""
         batch = int(batch)
         with self.lock:
             ph = self.phases[phase]
@@ -107,8 +106,6 @@ class _LayerPlan:
             self._rebalance(ph, bwd if tied and phase == "forward" else None)
             wanted = self._sizes(ph, batch)
             ph.sizes = wanted.astype(np.int64) if fixed is None else np.array(fixed, np.int64)
-            if fixed is not None and not np.array_equal(wanted, ph.sizes):
-                self.stale = True
             n = len(ph.sizes)
             ph.last = [None] * n
             if phase == "forward":
