@@ -9,10 +9,10 @@ from keras import activations, constraints, initializers, ops, regularizers
 from keras.layers import InputSpec
 
 from keras_cct.errors import LoweringError
-from keras_cct.lowering import check_lowering, choose_for, conv2d_geo, conv_geometry
+from keras_cct.lowering import (PLANNER_MODES, check_available, check_lowering, choose_for,
+                                conv2d_geo, conv_geometry)
 from keras_cct.lowering.geometry import (ConvGeometry, normalize_pair, normalize_padding,
                                          padding_to_config)
-from keras_cct.lowering.planner import PLANNER_MODES, check_available
 from keras_cct.ops import failures
 from keras_cct.strategy import context as strategy_context
 

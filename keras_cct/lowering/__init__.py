@@ -4,13 +4,16 @@ Pure functions on channels-last tensors, written with ``keras.ops`` so they run 
 backend: :func:`conv2d`, :func:`choose`, :func:`cost`, :func:`conv_geometry`.
 """
 
-from keras_cct.lowering.conv import LOWERING_NAMES, check_lowering, conv2d, conv2d_geo
-from keras_cct.lowering.cost import LOWERED_TYPES, Cost, Machine, cost, estimate_seconds
+from keras_cct.lowering.conv import conv2d
+from keras_cct.lowering.cost import Cost, Machine, cost, estimate_seconds
+from keras_cct.lowering.dispatch import available, check_available, check_lowering, conv2d_geo
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
-from keras_cct.lowering.planner import ALL_LOWERINGS, choose, choose_for
+from keras_cct.lowering.names import (ALL_LOWERINGS, LOWERED_TYPES, LOWERING_NAMES,
+                                      PLANNER_MODES)
+from keras_cct.lowering.planner import choose, choose_for
 
 __all__ = [
-    "ALL_LOWERINGS", "LOWERED_TYPES", "LOWERING_NAMES", "ConvGeometry", "Cost", "Machine",
-    "check_lowering", "choose", "choose_for", "conv2d", "conv2d_geo", "conv_geometry", "cost",
-    "estimate_seconds",
+    "ALL_LOWERINGS", "LOWERED_TYPES", "LOWERING_NAMES", "PLANNER_MODES", "ConvGeometry", "Cost",
+    "Machine", "available", "check_available", "check_lowering", "choose", "choose_for", "conv2d",
+    "conv2d_geo", "conv_geometry", "cost", "estimate_seconds",
 ]

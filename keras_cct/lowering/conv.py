@@ -1,40 +1,13 @@
-"""The front of :mod:`keras_cct.lowering`: one ``conv2d`` for every lowering."""
+"""The front of :mod:`keras_cct.lowering`: one ``conv2d`` for every lowering, ``"auto"`` among
+them (the planner chooses)."""
 
 from __future__ import annotations
 
 from keras import ops
 
-from keras_cct.errors import LoweringError
-from keras_cct.lowering.engine import MODES, lowered_conv2d
-from keras_cct.lowering.geometry import ConvGeometry, PaddingArg, conv_geometry
-from keras_cct.lowering.native import native_conv2d
-from keras_cct.lowering.planner import ALL_LOWERINGS, NEEDS, check_available, choose_for
-from keras_cct.lowering.space_to_depth import space_to_depth_conv2d
-from keras_cct.lowering.winograd import winograd_conv2d
-
-LOWERING_NAMES = ("auto",) + ALL_LOWERINGS
-
-
-def check_lowering(lowering: str) -> str:
-    """Validate a lowering name (``"auto"`` or one of :data:`ALL_LOWERINGS`)."""
-    if lowering not in LOWERING_NAMES:
-        raise LoweringError(f"`lowering` must be one of {LOWERING_NAMES}, got {lowering!r}")
-    return lowering
-
-
-def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str):
-    """Convolution (no bias) of ``x`` by ``kernel`` for a validated geometry and a concrete
-    lowering name."""
-    if lowering == "native":
-        return native_conv2d(x, kernel, geo)
-    if lowering in MODES:
-        return lowered_conv2d(x, kernel, geo, lowering)
-    if lowering in NEEDS:
-        check_available(geo, lowering)
-        if lowering in ("winograd", "winograd4"):
-            return winograd_conv2d(x, kernel, geo, tile=2 if lowering == "winograd" else 4)
-        return space_to_depth_conv2d(x, kernel, geo)
-    raise LoweringError(f"`lowering` must be one of {ALL_LOWERINGS} here, got {lowering!r}")
+from keras_cct.lowering.dispatch import check_lowering, conv2d_geo
+from keras_cct.lowering.geometry import PaddingArg, conv_geometry
+from keras_cct.lowering.planner import choose_for
 
 
 def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", dilation_rate=1,

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
 from keras_cct.lowering.geometry import ConvGeometry
+from keras_cct.lowering.names import LOWERED_TYPES
 
-LOWERED_TYPES = ("type1", "type2", "type3")
 
 #: Bytes of lowered data per batch partition (CcT's partitioning): the lowered matrix of a
 #: partition is built and multiplied while it is still in the last-level cache. Measured on

@@ -43,13 +43,10 @@ from keras import ops
 from keras_cct.lowering import _backend as B
 from keras_cct.lowering.cost import partitions as _partitions
 from keras_cct.lowering.geometry import ConvGeometry
+from keras_cct.lowering.names import LOWERED_TYPES
 
 #: How each lowering treats the (height, width) axes.
-MODES = {
-    "type1": ("lower", "lower"),
-    "type2": ("lower", "lift"),
-    "type3": ("lift", "lift"),
-}
+MODES = dict(zip(LOWERED_TYPES, (("lower", "lower"), ("lower", "lift"), ("lift", "lift"))))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Three modes:
   timed here, of a shortlist that always holds the backend's own convolution. The shortlist -- ``"native"`` (the backend's own convolution in its
   fastest form), the cost model's best lowered type and, where they apply, ``"winograd"``
   (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3); not in 16-bit floats: :data:`IMPRECISE`) and
-  ``"space_to_depth"`` (:data:`NEEDS`) -- is
+  ``"space_to_depth"`` (:data:`~keras_cct.lowering.dispatch.NEEDS`) -- is
   timed once for the exact shape, batch, backend, dtype and machine (forward+backward at up to
   :data:`AUTO_BATCH` images, :func:`auto_batch`; :data:`AUTO_REPEATS` rounds, the candidates
   interleaved so that a burst of load on the machine falls on all of them). A winner other than
@@ -30,21 +30,23 @@ import hashlib
 import json
 import os
 import platform
+import time
 import warnings
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
 from keras_cct._files import atomic_write, cache_dir
 from keras_cct._system import physical_memory
 from keras_cct.errors import LoweringError, PlannerCacheWarning
-from keras_cct.lowering.cost import LOWERED_TYPES, Machine, cost, estimate_seconds
+from keras_cct.lowering.cost import Machine, cost, estimate_seconds
+from keras_cct.lowering.dispatch import available
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
+from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.native import MAX_SPLIT_GROUPS
+from keras_cct.lowering.timing import make_step
 
-ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd", "winograd4", "space_to_depth")
-PLANNER_MODES = ("auto", "model", "measure")
 CACHE_VERSION = 5  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch
 
@@ -99,35 +101,6 @@ def _device_name() -> str:
         if torch.cuda.is_available():
             return "cuda:" + torch.cuda.get_device_name(0)
     return f"cpu:{_cpu_name()}:{os.cpu_count()}"
-
-
-#: What each lowering that does not take every convolution needs (for error messages).
-NEEDS = {
-    "winograd": "a 3x3 kernel at stride 1 without dilation",
-    "winograd4": "a 3x3 kernel at stride 1 without dilation",
-    "space_to_depth": "a stride above 1, one group, no dilation and a kernel whose zero-padding "
-                      "to a multiple of the stride adds at most 40% to its size",
-}
-
-
-def available(geo: ConvGeometry) -> Tuple[str, ...]:
-    """The lowerings that can compute ``geo`` (on every Keras backend): the three types and
-    ``"native"`` always, ``"winograd"`` and ``"space_to_depth"`` where :data:`NEEDS` says."""
-    from keras_cct.lowering.space_to_depth import space_to_depth_applies
-    from keras_cct.lowering.winograd import winograd_applies
-    applies = {"winograd": winograd_applies, "winograd4": winograd_applies,
-               "space_to_depth": space_to_depth_applies}
-    return tuple(c for c in ALL_LOWERINGS if c not in applies or applies[c](geo))
-
-
-def check_available(geo: ConvGeometry, lowering: str) -> None:
-    """Raise :class:`LoweringError` when ``lowering`` cannot compute ``geo`` (:data:`NEEDS`),
-    naming what it needs and the lowerings that can."""
-    if lowering in NEEDS and lowering not in available(geo):
-        raise LoweringError(
-            f"lowering {lowering!r} needs {NEEDS[lowering]}; got kernel ({geo.kh}, {geo.kw}), "
-            f"strides ({geo.sh}, {geo.sw}), dilation ({geo.dh}, {geo.dw}), groups "
-            f"{geo.groups}. Use 'auto' or one of {available(geo)}")
 
 
 #: Lowerings the planner does not pick for a dtype, for their error: F(4x4, 3x3)'s transforms
@@ -353,9 +326,6 @@ def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 
 
 
 def _time_lowerings(geo, lowerings, batch, dtype, training, repeats) -> Dict[str, float]:
-    import time
-
-    from keras_cct.lowering.timing import make_step
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)

@@ -9,6 +9,7 @@ from typing import Callable, Optional, Union
 import keras
 import numpy as np
 
+from keras_cct.lowering.dispatch import conv2d_geo as _conv2d_geo
 from keras_cct.lowering.geometry import ConvGeometry
 
 
@@ -35,8 +36,6 @@ def make_step(geo: ConvGeometry, lowering: Union[str, Callable], x: np.ndarray,
     gradient needs). ``lowering`` is a lowering name or any ``fn(x, kernel, geo)`` computing the
     convolution; ``dtype`` (e.g. ``"bfloat16"``) casts the float32 inputs on the backend.
     """
-    from keras_cct.lowering.conv import conv2d_geo as _conv2d_geo
-
     if callable(lowering):
         conv_fn = lowering
 

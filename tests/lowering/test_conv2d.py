@@ -7,7 +7,7 @@ import pytest
 from keras_cct.errors import LoweringError
 from keras_cct.lowering import ALL_LOWERINGS, conv2d, conv_geometry
 from keras_cct.lowering.engine import lowered_conv2d
-from keras_cct.lowering.planner import available
+from keras_cct.lowering.dispatch import available
 from tests import reference as ref
 from tests.backend_grads import to_numpy
 
