@@ -154,7 +154,9 @@ def _sigmoid_loss_and_grad(x, t, **kwargs):
         def call(self, logits):
             return sigmoid_cross_entropy_loss(logits, t, **kwargs)
 
-    y, grads = layer_grads(_Loss(), x, np.ones((), np.float32))
+    layer = _Loss()
+    layer.build(x.shape)  # (no variables: JAX's stateless_call wants it built)
+    y, grads = layer_grads(layer, x, np.ones((), np.float32))
     return float(y), grads[0]
 
 
