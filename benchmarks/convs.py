@@ -20,7 +20,9 @@ on each Keras backend (one process per backend, dtype and net; ``KERAS_BACKEND``
 keras is imported) in float32 and bfloat16 (Keras: the ``mixed_bfloat16`` policy; PyTorch:
 ``torch.autocast("cpu", torch.bfloat16)``; float32 weights). Candidates are timed side by side,
 round-robin (per round, one untimed call of each followed by one timed call), best of
-``--repeats`` rounds.
+``--repeats`` rounds -- more on short layers: rounds are added (up to :data:`MAX_ROUNDS`) until
+every candidate has been timed for :data:`MIN_TIMED_S` seconds, since a best of 3 on a 2-9 ms
+layer differed by about 10% from one run of the table to the next on a 2-core machine.
 
 The GEMM ceiling: the best square matrix product (512, 1024 and 2048) of the backend, PyTorch
 and JAX in the run's dtype (and float32), measured in each process at the start and the
@@ -91,6 +93,9 @@ SETTLE_S = float(os.environ.get("CCT_CONVS_SETTLE_S", "0.02"))
 #: PyTorch step and 5.0 ms after a TF step, each followed by a 50 ms pause; and the round-robin
 #: order had put the default HybridConv2D after PyTorch in 2 of 3 rounds, keras Conv2D never.
 WARM_CALL = True
+#: Short layers get more rounds than ``--repeats``: until every candidate still timed has
+#: :data:`MIN_TIMED_S` seconds of timed calls, at most :data:`MAX_ROUNDS` rounds.
+MIN_TIMED_S, MAX_ROUNDS = 0.25, 10
 
 
 # ------------------------------------------------------------------------------ layer shapes
@@ -190,7 +195,7 @@ def _why(exc: BaseException) -> str:
 
 def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
                   ceilings: Dict[str, float], probes: Optional[dict] = None,
-                  lowerings: bool = True) -> dict:
+                  lowerings: bool = True, max_rounds: int = MAX_ROUNDS) -> dict:
     """Every candidate on one shape: first-call ms, best-of-rounds ms, GFLOP/s. ``ceilings``
     (GFLOP/s per GEMM) is raised by the ``probes`` (run in every round: the ceiling is
     measured under the same load as the candidates); measuring errors are flagged afterwards
@@ -222,8 +227,12 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
     rounds = {name: 0 for name in steps}
     last_lib = None
     names = list(steps)
-    for rnd in range(repeats):
-        order = names[rnd % len(names):] + names[:rnd % len(names)] if names else []
+    timed = {name: 0.0 for name in steps}
+    rnd = 0
+    while names and (rnd < repeats or (rnd < max_rounds and min(
+            timed[n] for n in names) < MIN_TIMED_S)):
+        order = names[rnd % len(names):] + names[:rnd % len(names)]
+        rnd += 1
         for key, probe in (probes or {}).items():
             last_lib = _settle(last_lib, key.split()[0])
             ceilings[key] = max(ceilings[key], probe())
@@ -234,7 +243,9 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
                     steps[name]()  # untimed
                 t0 = time.perf_counter()
                 steps[name]()
-                best[name] = min(best[name], time.perf_counter() - t0)
+                dt = time.perf_counter() - t0
+                best[name] = min(best[name], dt)
+                timed[name] += dt
                 rounds[name] += 1
             except Exception as exc:  # noqa: BLE001
                 res[name]["error"] = _why(exc)
@@ -327,7 +338,8 @@ def run_config(spec: dict) -> dict:
     layers = []
     for shp in shapes:
         layers.append(measure_layer(shp, spec["batch"], backend, dtype, spec["repeats"],
-                                    ceilings, probes, spec.get("lowerings", True)))
+                                    ceilings, probes, spec.get("lowerings", True),
+                                    spec["repeats"] if spec.get("quick") else MAX_ROUNDS))
         print(f"PROGRESS {shp['names'][0]}", flush=True)
     ceiling = max(ceilings.values())
     peak = peak_gflops(dtype)
@@ -444,7 +456,10 @@ def markdown(data: dict) -> str:
         f"({cpu['usable_cores']} usable), vector units: {cpu['vector_units']}, matrix units: "
         f"{cpu['matrix_units']} (flags: {', '.join(cpu['isa_flags'])}). Libraries: "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
-        "Times: one training step (forward + backward, output fetched), best of the rounds, "
+        "Times: one training step (forward + backward, output fetched), best of the rounds "
+        f"({data['repeats']}, more on short layers: until each candidate has "
+        f"{data.get('min_timed_s', MIN_TIMED_S)} s of timed calls, at most "
+        f"{data.get('max_rounds', MAX_ROUNDS)}; a candidate's rounds are in the JSON), "
         "all candidates of a shape timed round-robin in one process, each timed call right after an "
         "untimed call of the same candidate. Speed-ups: keras "
         "Conv2D's time / the default HybridConv2D's, and the best peer's (fastest of "
@@ -700,6 +715,7 @@ def main(argv=None) -> dict:
         sys.argv[1:] if argv is None else argv)
     data = {"command": command.strip(), "when": time.strftime("%Y-%m-%d %H:%M %Z"),
             "seconds": time.perf_counter() - t0, "repeats": repeats,
+            "min_timed_s": MIN_TIMED_S, "max_rounds": repeats if args.quick else MAX_ROUNDS,
             "machine": {"cpu": cpu_info(), "versions": library_versions(),
                         "torch_threads": sorted({r["torch_threads"] for r in runs})},
             "nets": {n: {"batch": b, "size": s, "prototxt": NETS[n][0]}
