@@ -16,7 +16,12 @@ throughput (images/s, forward+backward), the fractions used, how far ``split="fl
 the best fixed split, and the balance efficiency (sum of per-device busy time / (devices x
 step time) of a training step, forward + backward). Writes ``hybrid.json``, ``hybrid.md``,
 ``hybrid.png``.
-Run: ``python -m benchmarks.hybrid [--quick] [--rounds N] [--out DIR]``.
+Run: ``python -m benchmarks.hybrid [--backend tensorflow|jax|torch] [--quick] [--rounds N]
+[--out DIR]``. With ``--backend jax`` or ``torch`` the same configurations run on that Keras
+backend (``jax1``/``jax2``, ``torch1``/``torch2`` in place of ``tf1``/``tf2``: JAX's XLA CPU
+client with one intra-op thread, PyTorch with ``torch.set_num_threads``; the ``2`` configuration
+pinned to the two cores the hybrid uses) and write ``hybrid_jax.*`` / ``hybrid_torch.*``; the
+summary gives hybrid / sum of the devices and hybrid / the backend alone on those cores.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ from benchmarks.common import (DEFAULT_OUT, best_of, layer_train_step, markdown_
                                spawn_config, write_results)
 
 ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ("tensorflow", "jax", "torch")
+#: the configurations' prefix and the CPU device name, per Keras backend
+OWN = {"tensorflow": "tf", "jax": "jax", "torch": "torch"}
+CPU = {"tensorflow": "tf:cpu:0", "jax": "jax:cpu:0", "torch": "torch:cpu"}
 #: CaffeNet conv2, the layer measured alone (its input: 96 channels).
 CONV2 = dict(filters=256, kernel_size=5, padding=2, groups=2)
 
@@ -75,16 +84,67 @@ def _model(strategy, batch):
     return model
 
 
+def _confine(spec: dict) -> str:
+    """Confine this process to its cores and threads before the backend starts its thread
+    pools; returns the backend."""
+    backend = spec.get("backend", "tensorflow")
+    threads = spec["tf_threads"]  # the backend's threads (the key predates other backends)
+    if hasattr(os, "sched_setaffinity"):
+        if spec.get("pin"):
+            # before the backend starts its thread pools, which inherit this mask: with one
+            # intra-op thread TF still runs independent ops (e.g. batch partitions) on several
+            # inter-op threads, so the thread counts alone do not confine it to one core
+            os.sched_setaffinity(0, {0})
+        elif backend != "tensorflow":  # the cores the hybrid uses
+            os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:threads]))
+    if backend == "tensorflow":
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+    elif backend == "jax":
+        if threads == 1:
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                       " --xla_cpu_multi_thread_eigen=false"
+                                       " intra_op_parallelism_threads=1")
+        import jax  # noqa: F401
+    else:
+        import torch
+        torch.set_num_threads(threads)
+    return backend
+
+
+def _layer_step(layer, backend: str, batch: int, hw: int):
+    """``(step, x)``: one forward+backward of ``layer`` (gradients of ``sum(y * y)`` with
+    respect to the input and the weights), waited for, and its input."""
+    x = np.random.default_rng(0).standard_normal((batch, hw, hw, 96)).astype("float32")
+    if backend == "tensorflow":
+        import tensorflow as tf
+        step = layer_train_step(layer)
+        return (lambda x: step(x).numpy()), tf.constant(x)
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+        weights = [w.value for w in layer.trainable_weights]
+
+        def loss(x, tw):
+            y, _ = layer.stateless_call(tw, [], x)
+            return jnp.sum(y * y)
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        return (lambda x: jax.block_until_ready(grad(x, weights))), jnp.asarray(x)
+    import torch
+
+    def torch_step(x):
+        xt = x.detach().requires_grad_(True)
+        y = layer(xt)
+        (y * y).sum().backward()
+        for w in layer.trainable_weights:
+            w.value.grad = None
+    return torch_step, torch.from_numpy(x)
+
+
 def run_config(spec: dict) -> dict:
     """Measure one configuration in this process (called in a fresh subprocess)."""
-    if spec.get("pin") and hasattr(os, "sched_setaffinity"):
-        # before TensorFlow starts its thread pools, which inherit this mask: with one
-        # intra-op thread TF still runs independent ops (e.g. batch partitions) on several
-        # inter-op threads, so the thread counts alone do not confine it to one core
-        os.sched_setaffinity(0, {0})
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(spec["tf_threads"])
-    tf.config.threading.set_inter_op_parallelism_threads(max(2, spec["tf_threads"]))
+    backend = _confine(spec)
     from keras_cct.devices import get_device
     devices = []
     for name in spec["devices"]:
@@ -95,29 +155,27 @@ def run_config(spec: dict) -> dict:
             devices.append(get_device(name, env=env))
         else:
             devices.append(get_device(name))
-    use_strategy = spec["devices"] != ["tf:cpu:0"]
+    use_strategy = spec["devices"] != [CPU[backend]]
     batch, hw, reps = spec["batch"], 27, spec["repeats"]
     if spec.get("concurrent"):
-        return _concurrent(devices, batch, hw, spec.get("seconds", 6.0))
+        return _concurrent(devices, batch, hw, spec.get("seconds", 6.0), backend)
     out = {}
     # --- one layer, forward+backward
     # the strategy as a user gets it: split="flops" then rebalancing while training runs
     # (fixed splits stay fixed); warm-up steps let the fractions settle before timing
     rebalance = spec["split"] == "flops"
     layer, s = _layer(devices if use_strategy else None, spec["split"], hw, batch, rebalance)
-    x = tf.constant(np.random.default_rng(0).standard_normal((batch, hw, hw, 96)),
-                    tf.float32)
-    step = layer_train_step(layer)
+    step, x = _layer_step(layer, backend, batch, hw)
     for _ in range(spec.get("settle", 10)):
-        step(x).numpy()
-    out["layer_s"] = best_of(lambda: step(x).numpy(), reps)
+        step(x)
+    out["layer_s"] = best_of(lambda: step(x), reps)
     if s is not None:
         # balance efficiency of a training step: sum over devices of their busy time (forward
         # + backward shard) / (devices x the step's wall time); the median of `reps` steps
         effs = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            step(x).numpy()
+            step(x)
             wall = time.perf_counter() - t0
             rep = s.report()
             busy = [(r["last_ms"] if r["images"] else 0.0)
@@ -142,13 +200,22 @@ def run_config(spec: dict) -> dict:
     # autotuning off. With TF confined to one core, autotuning's background threads compete
     # with the training step for that core (measured: fit on numpy arrays 64.7 ms/step, this
     # dataset 52.1, train_on_batch 52.9, CaffeNet-like model, TF alone on core 0).
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    data = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(batch).cache() \
-        .with_options(options)
-    model.fit(data.take(2), verbose=0)  # trace + warm up
-    epoch_s = best_of(lambda: model.fit(data, epochs=1, verbose=0), spec.get("epochs", 3),
-                      warmup=1)
+    if backend == "tensorflow":
+        import tensorflow as tf
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        data = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(batch).cache() \
+            .with_options(options)
+        model.fit(data.take(2), verbose=0)  # trace + warm up
+
+        def epoch():
+            model.fit(data, epochs=1, verbose=0)
+    else:  # numpy batches (no tf.data outside TensorFlow)
+        model.fit(xs[:2 * batch], ys[:2 * batch], batch_size=batch, verbose=0)  # warm up
+
+        def epoch():
+            model.fit(xs, ys, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    epoch_s = best_of(epoch, spec.get("epochs", 3), warmup=1)
     out["model_images_per_s"] = len(xs) / epoch_s
     if s2 is not None:
         out["model_fractions"] = {r["layer"] + "/" + r["device"]: r["fraction"]
@@ -159,21 +226,22 @@ def run_config(spec: dict) -> dict:
     return out
 
 
-def _concurrent(devices, batch: int, hw: int, seconds: float) -> dict:
+def _concurrent(devices, batch: int, hw: int, seconds: float,
+                backend: str = "tensorflow") -> dict:
     """Both devices at once, each on half the batch of its own (no split, no join, no
     synchronisation): the throughput they deliver *together* on this machine, which is the
     hybrid's real ceiling (each slows the other down through the memory system they share)."""
     import threading
 
-    import tensorflow as tf
+    import keras
+
     from keras_cct.devices.opencl.conv import conv2d_backward, conv2d_forward
     tf_dev, cl_dev = devices
     layer, _ = _layer(None, "flops", hw, batch // 2, False)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch // 2, hw, hw, 96)).astype("float32")
-    step = layer_train_step(layer)
-    tx = tf.constant(x)
-    k = layer.kernel.numpy()
+    run, tx = _layer_step(layer, backend, batch // 2, hw)
+    k = keras.ops.convert_to_numpy(layer.kernel)
     kw = dict(padding=CONV2["padding"], groups=CONV2["groups"])
     dy = rng.standard_normal((batch // 2, hw, hw, CONV2["filters"])).astype("float32")
 
@@ -181,7 +249,7 @@ def _concurrent(devices, batch: int, hw: int, seconds: float) -> dict:
         conv2d_forward(cl_dev.name, x, k, **kw)
         conv2d_backward(cl_dev.name, x, k, dy, **kw)
 
-    step(tx).numpy()
+    run(tx)
     cl_step()  # warm up both
     done = {"cl": 0}
     stop = threading.Event()
@@ -196,7 +264,7 @@ def _concurrent(devices, batch: int, hw: int, seconds: float) -> dict:
     thread.start()
     tf_steps = 0
     while time.perf_counter() - t0 < seconds:
-        step(tx).numpy()
+        run(tx)
         tf_steps += 1
     tf_s = time.perf_counter() - t0
     stop.set()
@@ -211,7 +279,7 @@ def _concurrent(devices, batch: int, hw: int, seconds: float) -> dict:
 # ------------------------------------------------------------------------------ driver side
 
 def _spawn(spec: dict) -> dict:
-    return spawn_config("benchmarks.hybrid", spec)
+    return spawn_config("benchmarks.hybrid", spec, backend=spec.get("backend", "tensorflow"))
 
 
 def _best(a, b):
@@ -225,19 +293,19 @@ def _best(a, b):
     return out
 
 
-def plot(data, path: Path) -> None:
+def plot(data, path: Path, own: str = "tf") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     cfg = data["configs"]
-    names = ["tf1", "cl1", "hybrid", "tf2"]
-    labels = ["TF, 1 core", "OpenCL, 1 core", "hybrid (flops split)", "TF, 2 cores"]
+    names = [f"{own}1", "cl1", "hybrid", f"{own}2"]
+    labels = [f"{own}, 1 core", "OpenCL, 1 core", "hybrid (flops split)", f"{own}, 2 cores"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, title in ((axes[0], "layer_images_per_s", "CaffeNet conv2, fwd+bwd"),
                            (axes[1], "model_images_per_s", "CaffeNet-like model, training")):
         vals = [cfg[n][key] for n in names]
         ax.bar(labels, vals, color=["C0", "C1", "C2", "C7"])
-        ax.axhline(cfg["tf1"][key] + cfg["cl1"][key], color="k", ls="--", lw=1,
+        ax.axhline(cfg[f"{own}1"][key] + cfg["cl1"][key], color="k", ls="--", lw=1,
                    label="ideal hybrid (sum of the two)")
         if key == "layer_images_per_s" and "both" in cfg:
             ax.axhline(cfg["both"][key], color="C3", ls=":", lw=1.5,
@@ -253,48 +321,61 @@ def plot(data, path: Path) -> None:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--backend", choices=BACKENDS, default="tensorflow",
+                        help="the Keras backend of every configuration (default tensorflow)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--rounds", type=int, default=None,
                         help="run every configuration this many times, in turn, and keep each "
                              "one's best (default: 2, 1 with --quick)")
+    parser.add_argument("--short", action="store_true",
+                        help="a smoke test: tiny batch and layer counts, minutes of nothing "
+                             "measured (checks that every configuration runs)")
     args = parser.parse_args(argv)
     from tqdm import tqdm
-    batch = 16 if args.quick else 32
-    base = dict(batch=batch, repeats=2 if args.quick else 8, steps=3 if args.quick else 40,
-                epochs=1 if args.quick else 3,
-                cl_threads=1, split="flops")
-    fixed = [0.5, 0.6, 0.7] if args.quick else [0.4, 0.5, 0.6, 0.7, 0.8]
-    specs = {"tf1": dict(base, devices=["tf:cpu:0"], tf_threads=1, pin=True),
+    backend, own = args.backend, OWN[args.backend]
+    cpu = CPU[backend]
+    batch = 4 if args.short else 16 if args.quick else 32
+    quick = args.quick or args.short
+    base = dict(batch=batch, repeats=1 if args.short else 2 if quick else 8,
+                steps=1 if args.short else 3 if quick else 40,
+                epochs=1 if quick else 3, settle=1 if args.short else 10,
+                cl_threads=1, split="flops", backend=backend)
+    fixed = [0.5] if args.short else [0.5, 0.6, 0.7] if quick else [0.4, 0.5, 0.6, 0.7, 0.8]
+    specs = {f"{own}1": dict(base, devices=[cpu], tf_threads=1, pin=True),
              "cl1": dict(base, devices=["opencl:0:0"], tf_threads=1, pin=True),
-             "hybrid": dict(base, devices=["tf:cpu:0", "opencl:0:0"], tf_threads=1, pin=True),
-             "tf2": dict(base, devices=["tf:cpu:0"], tf_threads=2, pin=False),
-             "both": dict(base, devices=["tf:cpu:0", "opencl:0:0"], tf_threads=1, pin=True,
-                          concurrent=True, seconds=3.0 if args.quick else 8.0)}
+             "hybrid": dict(base, devices=[cpu, "opencl:0:0"], tf_threads=1, pin=True),
+             f"{own}2": dict(base, devices=[cpu], tf_threads=2, pin=False),
+             "both": dict(base, devices=[cpu, "opencl:0:0"], tf_threads=1, pin=True,
+                          concurrent=True,
+                          seconds=0.5 if args.short else 3.0 if quick else 8.0)}
     for f in fixed:
-        specs[f"fixed{f}"] = dict(base, devices=["tf:cpu:0", "opencl:0:0"], tf_threads=1,
+        specs[f"fixed{f}"] = dict(base, devices=[cpu, "opencl:0:0"], tf_threads=1,
                                   split=[f, 1 - f], pin=True)
     # Rounds in turn (every configuration, then every one again): a slow spell of the machine
     # then hits all configurations alike instead of the one that happened to run in it.
-    rounds = args.rounds or (1 if args.quick else 2)
+    rounds = args.rounds or (1 if quick else 2)
     configs = {}
     jobs = [name for _ in range(rounds) for name in specs]
     for name in tqdm(jobs, desc="hybrid benchmark", unit="config"):
         configs[name] = _best(configs.get(name), _spawn(specs[name]))
     rows, summary = [], {}
     for key in ("layer_images_per_s", "model_images_per_s"):
-        ideal = configs["tf1"][key] + configs["cl1"][key]
+        ideal = configs[f"{own}1"][key] + configs["cl1"][key]
         best_fixed = max(fixed, key=lambda f: configs[f"fixed{f}"][key])
         summary[key] = {
             "hybrid_vs_ideal": configs["hybrid"][key] / ideal,
-            "hybrid_vs_tf2": configs["hybrid"][key] / configs["tf2"][key],
-            "best_fixed_split_tf": best_fixed,
+            "hybrid_vs_all_cores": configs["hybrid"][key] / configs[f"{own}2"][key],
+            f"best_fixed_split_{own}": best_fixed,
             "flops_vs_best_fixed": configs["hybrid"][key] / configs[f"fixed{best_fixed}"][key],
         }
+        if backend == "tensorflow":  # the names benchmarks/__main__.py reads
+            summary[key]["hybrid_vs_tf2"] = summary[key]["hybrid_vs_all_cores"]
+            summary[key]["best_fixed_split_tf"] = best_fixed
     both = configs["both"]
     summary["layer_images_per_s"]["hybrid_vs_both_at_once"] = \
         configs["hybrid"]["layer_images_per_s"] / both["layer_images_per_s"]
     summary["layer_images_per_s"]["both_at_once_vs_ideal"] = \
-        both["layer_images_per_s"] / (configs["tf1"]["layer_images_per_s"]
+        both["layer_images_per_s"] / (configs[f"{own}1"]["layer_images_per_s"]
                                       + configs["cl1"]["layer_images_per_s"])
     for name, c in configs.items():
         fr, bfr = c.get("fractions", {}), c.get("bwd_fractions", {})
@@ -302,28 +383,33 @@ def main(argv=None) -> dict:
                      c["model_images_per_s"],
                      ", ".join(f"{k} {v:.2f}/{bfr[k]:.2f}" for k, v in fr.items()) or "-",
                      c.get("balance_efficiency", float("nan"))])
-    data = {"batch": batch, "rounds": rounds, "configs": configs, "summary": summary,
+    data = {"backend": backend, "batch": batch, "rounds": rounds, "configs": configs, "summary": summary,
             "specs": {k: v for k, v in specs.items()}}
-    md = ("# Hybrid execution benchmark (CcT RQ4)\n\n"
-          f"Command: `python -m benchmarks.hybrid{' --quick' if args.quick else ''}`. "
+    flag = (f" --backend {backend}" if backend != "tensorflow" else "") + \
+        (" --short" if args.short else " --quick" if args.quick else "")
+    name = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}[backend]
+    md = (f"# Hybrid execution benchmark (CcT RQ4), {name}\n\n"
+          f"Command: `python -m benchmarks.hybrid{flag}`. "
           f"Batch {batch}; each configuration run {rounds} time(s) in turn, its best kept. "
-          "Each device confined to its own core, except in `tf2`: TensorFlow's "
+          f"Each device confined to its own core, except in `{own}2`: {name}'s "
           "process pinned to core 0 (1 intra-op thread), the OpenCL worker pinned to core 1 "
           "(`KERAS_CCT_WORKER_CPUS=1`, PoCL `POCL_MAX_PTHREAD_COUNT=1`).\n\n" +
           markdown_table(["config", "devices", "conv2 img/s (f+b)", "model img/s (train)",
                           "fractions (conv2, fwd/bwd)", "balance efficiency (f+b)"], rows) + "\n")
     for key, s in summary.items():
-        md += (f"- {key}: hybrid / (TF 1 core + OpenCL 1 core) = {s['hybrid_vs_ideal']:.2f} "
-               f"(CcT: about 0.88); hybrid / TF on 2 cores = {s['hybrid_vs_tf2']:.2f}; "
-               f"flops split / best fixed split ({s['best_fixed_split_tf']:.1f} to TF) = "
+        md += (f"- {key}: hybrid / ({own} 1 core + OpenCL 1 core) = {s['hybrid_vs_ideal']:.2f} "
+               f"(CcT: about 0.88); hybrid / {own} alone on 2 cores = "
+               f"{s['hybrid_vs_all_cores']:.2f}; flops split / best fixed split "
+               f"({s[f'best_fixed_split_{own}']:.1f} to {own}) = "
                f"{s['flops_vs_best_fixed']:.2f}\n")
     lay = summary["layer_images_per_s"]
     md += (f"- `both`: the two devices at once, each on {batch // 2} images of its own with no split, join "
            f"or synchronisation, deliver {lay['both_at_once_vs_ideal']:.2f} of the sum of their "
            f"solo throughputs (they slow each other down through the memory system they "
            f"share); the hybrid reaches {lay['hybrid_vs_both_at_once']:.2f} of that.\n")
-    write_results(args.out, "hybrid", data, md)
-    plot(data, args.out / "hybrid.png")
+    stem = "hybrid" if backend == "tensorflow" else f"hybrid_{backend}"
+    write_results(args.out, stem, data, md)
+    plot(data, args.out / f"{stem}.png", own)
     print(md)
     return data
 

@@ -116,7 +116,8 @@ def timer(device, x, k, geo, lowering):
     import jax
     from keras_cct.lowering import conv2d_geo
     fn = jax.jit(lambda a, b: conv2d_geo(a, b, geo, lowering))
-    xa, ka = jax.device_put(x), jax.device_put(k)
+    dev = _jax_device(device.name)
+    xa, ka = jax.device_put(x, dev), jax.device_put(k, dev)
     return lambda: fn(xa, ka).block_until_ready()
 
 

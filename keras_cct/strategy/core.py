@@ -277,8 +277,9 @@ class CCTStrategy:
         key = id(layer)
         with self._lock:
             plan = self._plans.get(key)
-        if plan is None:
-            plan = _LayerPlan(self, layer.name, self._initial_fractions(layer, geo, lowering))
+        if plan is None:  # the layer's first call: often while the backend traces a step
+            fractions = _outside_trace(self._initial_fractions, layer, geo, lowering)
+            plan = _LayerPlan(self, layer.name, fractions)
             with self._lock:
                 self._plans[key] = plan
         return plan
@@ -387,3 +388,23 @@ class CCTStrategy:
             backward += c.gemm_flops / m.gemm_flops_per_s + \
                 c.backward_movement / m.move_elements_per_s
         return relower > 0.5 * backward
+
+
+def _outside_trace(fn, *args):
+    """``fn(*args)`` in a thread of its own: the backends' tracing state (a TF graph, a JAX
+    trace) is per thread, so calibration and ``split="measure"`` timings run eagerly there
+    even when the layer is first called inside a compiled step."""
+    result: Dict[str, object] = {}
+
+    def run():
+        try:
+            result["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, name="cct-fractions")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
