@@ -5,7 +5,8 @@ Three modes:
 * ``mode="auto"`` (what :class:`~keras_cct.HybridConv2D` uses by default): the fastest, as
   timed here, of a shortlist that always holds the backend's own convolution. The shortlist -- ``"native"`` (the backend's own convolution in its
   fastest form), the cost model's best lowered type and, where they apply, ``"winograd"``
-  (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3); not in 16-bit floats: :data:`IMPRECISE`) and
+  (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3); not in 16-bit floats: :data:`IMPRECISE`; neither
+  below :data:`WINOGRAD_MIN_CHANNELS` input channels per group) and
   ``"space_to_depth"`` (:data:`~keras_cct.lowering.dispatch.NEEDS`) -- is
   timed once for the exact shape, batch, backend, dtype and machine (forward+backward at up to
   :data:`AUTO_BATCH` images, :func:`auto_batch`; :data:`AUTO_REPEATS` rounds, the candidates
@@ -72,6 +73,12 @@ NATIVE_MARGIN = 0.05
 #: :data:`CONFIRM_FLOPS_PER_CALL` forward+backward flops per call).
 CONFIRM_BELOW = 1.3
 CONFIRM_FLOPS_PER_CALL = 24e9
+#: ``mode="auto"`` leaves Winograd off the shortlist below this many input channels per group:
+#: its transforms then cost more than the GEMM they shrink. VGG16 conv1_1 (3 -> 64, 112x112,
+#: batch 8, float32; busy machine): F(2x2)/F(4x4) 55/36 ms against native 20 on TensorFlow,
+#: 152/91 against type1 39 on PyTorch; on JAX (bfloat16) 124/49 against 20, after 2.6/3.3 s of
+#: compiling each -- most of that layer's 27-31 s first use on JAX.
+WINOGRAD_MIN_CHANNELS = 16
 
 
 def _cpu_name() -> str:
@@ -132,6 +139,8 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
         return _measured_choice(geo, usable, dtype, training, b)
     if geo.flops(b) < AUTO_MIN_FLOPS or geo.groups > MAX_SPLIT_GROUPS:
         return "native" if "native" in usable else usable[0]
+    if geo.cg < WINOGRAD_MIN_CHANNELS:
+        usable = tuple(c for c in usable if not c.startswith("winograd")) or usable
     lowered = tuple(c for c in usable if c in LOWERED_TYPES and fits_in_memory(geo, c, b))
     shortlist = tuple(c for c in usable if c not in LOWERED_TYPES)
     if lowered:

@@ -175,3 +175,18 @@ def test_auto_mode_times_a_close_winner_again_at_a_larger_batch(cache_dir, monke
     timed.clear()
     assert choose((None, 56, 56, 64), (3, 3, 64, 128), padding=1, mode="auto") == "native"
     assert timed == []
+
+
+def test_auto_mode_leaves_winograd_out_for_few_input_channels(cache_dir, monkeypatch):
+    timed = []
+    _patch_timer(monkeypatch, lambda geo, low, **kw: timed.append(low) or 1.0)
+    # VGG16 conv1_1: 3 input channels -- the transforms cost more than the GEMM they shrink
+    choose((None, 112, 112, 3), (3, 3, 3, 64), padding=1, mode="auto")
+    assert timed and not any(t.startswith("winograd") for t in timed)
+    timed.clear()
+    choose((None, 56, 56, planner.WINOGRAD_MIN_CHANNELS), (3, 3, 16, 64), padding=1,
+           mode="auto")
+    assert "winograd" in timed
+    # ...and a user may still ask for it by name
+    assert choose((None, 112, 112, 3), (3, 3, 3, 64), padding=1, mode="auto",
+                  candidates=["winograd"]) == "winograd"
