@@ -407,3 +407,53 @@ def test_a_second_jax_device_takes_a_shard(opencl):
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["err"] <= TOL and out["images"] == [5, 3, 2], out
     assert out["jit"] and out["timed"], out
+
+
+def test_the_opencl_shard_runs_while_the_backend_shard_computes(opencl, monkeypatch):
+    """Launch first: with the OpenCL shard's request taking 0.4 s on its device (a delayed
+    future) and the backend's shard 0.4 s (a sleep before its convolution), a forward pass
+    takes about 0.4 s, not 0.8 s: the two ran at the same time."""
+    import concurrent.futures
+    import threading
+    import time as _time
+
+    import keras_cct.lowering as lowering
+    from keras_cct.devices.opencl import conv as cl_conv
+    real_cl, real_geo = cl_conv.conv2d_forward, lowering.conv2d_geo
+    nap = {"s": 0.0}
+
+    def slow_cl(*args, **kwargs):
+        kwargs.pop("wait", None)
+        result, future = real_cl(*args, **kwargs), concurrent.futures.Future()
+        threading.Timer(nap["s"], future.set_result, (result,)).start()
+        return future
+
+    def slow_backend(x, k, geo, low):
+        if BACKEND == "jax":
+            import jax
+            from jax.experimental import io_callback
+
+            def sleep(_):
+                _time.sleep(nap["s"])
+                return np.float32(0)
+            zero = io_callback(sleep, jax.ShapeDtypeStruct((), np.float32), x.shape[0],
+                               ordered=False)
+            x = x + zero
+        else:
+            _time.sleep(nap["s"])
+        return real_geo(x, k, geo, low)
+
+    monkeypatch.setattr(cl_conv, "conv2d_forward", slow_cl)
+    monkeypatch.setattr(lowering, "conv2d_geo", slow_backend)
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.5, 0.5], rebalance=False)
+    split, conv = _pair(s, (4, 9, 9, 4), filters=6, kernel_size=3, padding="same")
+    x = np.random.default_rng(4).standard_normal((4, 9, 9, 4)).astype("float32")
+    split(x)  # warm
+    nap["s"] = 0.4
+    t0 = _time.perf_counter()
+    y = keras.ops.convert_to_numpy(split(x))
+    wall = _time.perf_counter() - t0
+    assert ref.rel_err(y, keras.ops.convert_to_numpy(conv(x))) <= TOL
+    assert 0.4 <= wall < 0.7, wall
+    rows = s.report()
+    assert all(r["last_ms"] >= 400 for r in rows), rows
