@@ -31,8 +31,11 @@ fastest again in every round, beside the candidates; a candidate whose forward+b
 its GEMMs do) exceeds it is flagged as a measuring error, not reported (``--flag-above peak``: only above the CPU's arithmetic peak,
 :func:`benchmarks.common.peak_gflops`; both are recorded).
 
-"plan ms": the first training step of a freshly built default HybridConv2D (empty planner
-cache: ``KERAS_CCT_CACHE_DIR`` is a fresh folder per process) minus a steady-state step.
+"plan ms": what the first use of a shape costs the default HybridConv2D beyond what it costs
+keras Conv2D: (its first training step, with an empty planner cache -- ``KERAS_CCT_CACHE_DIR``
+is a fresh folder per process -- minus a steady-state step) minus the same for keras Conv2D
+(both trace a training step, and on JAX compile it: under mixed_bfloat16 a keras Conv2D's
+first step alone took 16-29 s on VGG16's layers).
 
 The explicit lowerings are measured on CaffeNet only by default (``--lowerings all``: on every
 net; each costs a trace per shape, which dominates the run on ResNet-50's and MobileNet's many
@@ -53,6 +56,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -265,8 +269,10 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
     for name in ("hybrid", "keras_conv2d"):
         if "ms" in res.get(name, {}):  # first use: build + trace (+ plan) minus a steady step
             res[name]["first_extra_ms"] = res[name]["first_ms"] - res[name]["ms"]
-    if "ms" in res.get("hybrid", {}):
-        res["hybrid"]["plan_ms"] = res["hybrid"]["first_extra_ms"]
+    if "ms" in res.get("hybrid", {}) and "ms" in res.get("keras_conv2d", {}):
+        # what choosing costs: both first uses trace (JAX: compile) a training step
+        res["hybrid"]["plan_ms"] = max(0.0, res["hybrid"]["first_extra_ms"]
+                                       - res["keras_conv2d"]["first_extra_ms"])
     del steps
     gc.collect()
     return {"shape": {k: v for k, v in shp.items() if k != "names"}, "names": shp["names"],
@@ -386,11 +392,14 @@ def summarize(results: List[dict], loose: bool = False) -> dict:
     groups: Dict[str, dict] = {}
     for run in results:
         key = f"{run['backend']} {run['dtype']}"
-        g = groups.setdefault(key, {"layers": 0, "conv2d": [], "peer": [], "under_097_conv2d": 0,
+        g = groups.setdefault(key, {"layers": 0, "conv2d": [], "peer": [], "plan": [],
+                                    "under_097_conv2d": 0,
                                     "under_1_best_peer": 0, "hyb_ms": 0.0, "conv2d_ms": 0.0,
                                     "peer_ms": 0.0, "measuring_errors": 0, "errors": 0})
         for layer in run["layers"]:
             g["layers"] += 1
+            if "plan_ms" in layer["candidates"].get("hybrid", {}):
+                g["plan"].append(layer["candidates"]["hybrid"]["plan_ms"])
             rt = ratios(layer, loose)
             n = len(layer["names"])
             for c in layer["candidates"].values():
@@ -416,7 +425,9 @@ def summarize(results: List[dict], loose: bool = False) -> dict:
                     "under_097_conv2d": g["under_097_conv2d"],
                     "under_1_best_peer": g["under_1_best_peer"],
                     "compared_conv2d": len(g["conv2d"]), "compared_best_peer": len(g["peer"]),
-                    "measuring_errors": g["measuring_errors"], "errors": g["errors"]}
+                    "measuring_errors": g["measuring_errors"], "errors": g["errors"],
+                    "plan_ms_median": statistics.median(g["plan"]) if g["plan"] else None,
+                    "plan_ms_max": max(g["plan"], default=None)}
     for run in results:
         if run["backend"] == "tensorflow" and run["net"] == "caffenet":
             rts = [ratios(layer, loose) for layer in run["layers"]]
@@ -498,11 +509,13 @@ def _summary_md(summary: dict) -> List[str]:
                      f"{s['under_097_conv2d']}/{s['compared_conv2d']}",
                      f"{_r(s['min_vs_best_peer'])}-{_r(s['max_vs_best_peer'])}",
                      f"{s['under_1_best_peer']}/{s['compared_best_peer']}",
-                     s["measuring_errors"], s["errors"]])
+                     s["measuring_errors"], s["errors"],
+                     "-" if s.get("plan_ms_median") is None else
+                     f"{s['plan_ms_median']:.0f} / {s['plan_ms_max']:.0f}"])
     lines.append(markdown_table(
         ["backend dtype", "shapes", "speed-up vs Conv2D (min-max)", "below 0.97x Conv2D",
          "speed-up vs best peer (min-max)", "below 1.0x best peer", "measuring errors",
-         "failed runs"], rows))
+         "failed runs", "plan ms (median / max)"], rows))
     for key, s in summary.items():
         if key.startswith("tensorflow caffenet"):
             lines.append(f"**TensorFlow CaffeNet {key.split()[-1]}**: "
