@@ -1,0 +1,63 @@
+"""One convolution by lowering name: :func:`conv2d_geo` runs the lowering a name stands for on
+a validated geometry; :func:`available` and :func:`check_available` say which names a geometry
+can take. No planning here (the planner and the timing harness build on this module)."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from keras_cct.errors import LoweringError
+from keras_cct.lowering.engine import lowered_conv2d
+from keras_cct.lowering.geometry import ConvGeometry
+from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, LOWERING_NAMES
+from keras_cct.lowering.native import native_conv2d
+from keras_cct.lowering.space_to_depth import space_to_depth_applies, space_to_depth_conv2d
+from keras_cct.lowering.winograd import winograd_applies, winograd_conv2d
+
+#: What each lowering that does not take every convolution needs (for error messages).
+NEEDS = {
+    "winograd": "a 3x3 kernel at stride 1 without dilation",
+    "winograd4": "a 3x3 kernel at stride 1 without dilation",
+    "space_to_depth": "a stride above 1, one group, no dilation and a kernel whose zero-padding "
+                      "to a multiple of the stride adds at most 40% to its size",
+}
+_APPLIES = {"winograd": winograd_applies, "winograd4": winograd_applies,
+            "space_to_depth": space_to_depth_applies}
+
+
+def check_lowering(lowering: str) -> str:
+    """Validate a lowering name (``"auto"`` or one of :data:`ALL_LOWERINGS`)."""
+    if lowering not in LOWERING_NAMES:
+        raise LoweringError(f"`lowering` must be one of {LOWERING_NAMES}, got {lowering!r}")
+    return lowering
+
+
+def available(geo: ConvGeometry) -> Tuple[str, ...]:
+    """The lowerings that can compute ``geo`` (on every Keras backend): the three types and
+    ``"native"`` always, ``"winograd"`` and ``"space_to_depth"`` where :data:`NEEDS` says."""
+    return tuple(c for c in ALL_LOWERINGS if c not in _APPLIES or _APPLIES[c](geo))
+
+
+def check_available(geo: ConvGeometry, lowering: str) -> None:
+    """Raise :class:`LoweringError` when ``lowering`` cannot compute ``geo`` (:data:`NEEDS`),
+    naming what it needs and the lowerings that can."""
+    if lowering in NEEDS and lowering not in available(geo):
+        raise LoweringError(
+            f"lowering {lowering!r} needs {NEEDS[lowering]}; got kernel ({geo.kh}, {geo.kw}), "
+            f"strides ({geo.sh}, {geo.sw}), dilation ({geo.dh}, {geo.dw}), groups "
+            f"{geo.groups}. Use 'auto' or one of {available(geo)}")
+
+
+def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str):
+    """Convolution (no bias) of ``x`` by ``kernel`` for a validated geometry and a concrete
+    lowering name."""
+    if lowering == "native":
+        return native_conv2d(x, kernel, geo)
+    if lowering in LOWERED_TYPES:
+        return lowered_conv2d(x, kernel, geo, lowering)
+    if lowering in NEEDS:
+        check_available(geo, lowering)
+        if lowering in ("winograd", "winograd4"):
+            return winograd_conv2d(x, kernel, geo, tile=2 if lowering == "winograd" else 4)
+        return space_to_depth_conv2d(x, kernel, geo)
+    raise LoweringError(f"`lowering` must be one of {ALL_LOWERINGS} here, got {lowering!r}")
