@@ -193,13 +193,13 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
         flat = jax.tree_util.tree_leaves(outs)  # all of it computed before the end marker
         return outs, _callback(end, f32, *[jnp.sum(o) for o in flat])
 
-    def launched(phase, sizes, arrays_of, out_shapes, token, jax_compute):
+    def launched(phase, sizes, arrays_of, out_shapes, token, jax_compute, need_dx=True):
         """Launch the OpenCL shards and those of other JAX devices (after ``token``),
         compute the step's own shard (``jax_compute(i, deps)``, after the launches), collect
         (after it); returns the per-device outputs."""
         outs = [None] * n
         tickets = {}
-        kw = dict(need_dx=True, with_bias=with_bias)
+        kw = dict(need_dx=need_dx, with_bias=with_bias)
         for i, d in enumerate(strategy.devices):
             if i != own and sizes[i] > 0:
                 def launch(_, *arrays, i=i, d=d):
@@ -214,8 +214,10 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
         for i, ticket in tickets.items():
             def collect(ticket, _, *arrays, i=i):
                 shard = strategy._take_ticket(int(ticket))
-                got = shard.result() if isinstance(shard, _Remote) else _opencl.collect(
-                    strategy, plan, phase, i, geo, shard, arrays, **kw)
+                if isinstance(shard, _Remote):
+                    got = shard.result()[0 if need_dx or phase == "forward" else 1:]
+                else:
+                    got = _opencl.collect(strategy, plan, phase, i, geo, shard, arrays, **kw)
                 if not strategy.active[i]:  # dropped: the step is traced again without it
                     _stale(generation)
                 return tuple(np.asarray(g, np.float32) for g in got)
@@ -243,42 +245,54 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
                              for o in outs if o is not None], axis=0)
         return y, residual
 
-    def backward(x, dy, params, residual):
+    def backward(x, dy, params, residual, need_dx):
+        """``(dx, dkernel(, dbias))``; ``dx`` is zeros (no device computes it) unless
+        ``need_dx``."""
         kernel, b = params[0], params[1:]
         token = begin("backward", bwd_sizes)
         xs, dys = _split(x, bwd_sizes), _split(dy, bwd_sizes)
 
         def jax_compute(i, deps):
             def grads(xi, dyi):
-                if residual[i] is not None:
+                if residual[i] is not None:  # (an unused dx is pruned by XLA)
                     dxi, dki = residual[i](dyi)
-                else:
+                elif need_dx:
                     _, vjp = jax.vjp(lambda a, k: conv2d_geo(a, k, geo, lowering), xi, kernel)
                     dxi, dki = vjp(dyi)
-                return [dxi, dki] + ([jnp.sum(dyi, axis=(0, 1, 2))] if b else [])
+                else:
+                    _, vjp = jax.vjp(lambda k: conv2d_geo(xi, k, geo, lowering), kernel)
+                    (dki,) = vjp(dyi)
+                return ([dxi] if need_dx else []) + [dki] + (
+                    [jnp.sum(dyi, axis=(0, 1, 2))] if b else [])
             return timed("backward", i, deps, grads, xs[i], dys[i])
 
         outs = launched("backward", bwd_sizes, lambda i: [xs[i], dys[i]] + list(params),
                       lambda i: tuple(jax.ShapeDtypeStruct(s, np.float32) for s in (
-                          [(bwd_sizes[i],) + tuple(x.shape[1:])] + [p.shape for p in params])),
-                      token, jax_compute)
+                          ([(bwd_sizes[i],) + tuple(x.shape[1:])] if need_dx else []) +
+                          [p.shape for p in params])),
+                      token, jax_compute, need_dx)
         outs = [o for o in outs if o is not None]
-        dx = jnp.concatenate([o[0] for o in outs], axis=0)
-        return (dx,) + tuple(sum(o[j] for o in outs) for j in range(1, 1 + len(params)))
+        dx = jnp.concatenate([o[0] for o in outs], axis=0) if need_dx else jnp.zeros_like(x)
+        first = int(need_dx)
+        return (dx,) + tuple(sum(o[first + j] for o in outs) for j in range(len(params)))
 
     @jax.custom_vjp
     def op(x, *params):
         return forward(x, *params)[0]
 
-    def op_fwd(x, *params):
+    traced = {}  # whether the input is differentiated, from the forward to the backward
+
+    def op_fwd(x, *params):  # symbolic_zeros: CustomVJPPrimal(value, perturbed) arguments
+        traced["need_dx"] = bool(x.perturbed)  # False for a network's input: no col2im
+        x, params = x.value, tuple(p.value for p in params)
         y, residual = forward(x, *params)
         return y, (x, params, residual)
 
     def op_bwd(res, dy):
         x, params, residual = res
-        return backward(x, dy, params, residual)
+        return backward(x, dy, params, residual, traced.get("need_dx", True))
 
-    op.defvjp(op_fwd, op_bwd)
+    op.defvjp(op_fwd, op_bwd, symbolic_zeros=True)
     return op(x, *params)
 
 
