@@ -9,8 +9,13 @@
 * :mod:`keras_cct.export` -- ONNX export.
 
 The names below are imported on first use (PEP 562), so that importing a light sub-package
-(``keras_cct.caffe.io`` reads Caffe's files with protobuf and numpy only) does not import Keras.
+(``keras_cct.caffe.io`` reads Caffe's files with protobuf and numpy only) works without Keras.
+Where Keras is installed, ``import keras_cct`` registers every keras_cct layer (HybridConv2D and
+the Caffe layers) for ``keras.saving.load_model``, which imports no package of its own accord
+but Keras' own.
 """
+
+import importlib
 
 from keras_cct import errors
 from keras_cct._lazy import lazy_attributes
@@ -33,3 +38,15 @@ _SUBPACKAGES = {name: f"keras_cct.{name}" for name in
                 ("caffe", "devices", "export", "layers", "lowering", "ops", "strategy")}
 
 __getattr__, __dir__ = lazy_attributes(globals(), _EXPORTS, _SUBPACKAGES)
+
+
+def _register_layers() -> None:
+    try:
+        import keras  # noqa: F401
+    except ImportError:  # keras_cct.caffe.io reads Caffe's files without Keras
+        return
+    for module in ("keras_cct.layers", "keras_cct.caffe.net.layers"):
+        importlib.import_module(module)
+
+
+_register_layers()
