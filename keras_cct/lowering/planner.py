@@ -41,11 +41,12 @@ import numpy as np
 from keras_cct._files import atomic_write, cache_dir
 from keras_cct._system import physical_memory
 from keras_cct.errors import LoweringError, PlannerCacheWarning
+from keras_cct.lowering import _backend as B
+from keras_cct.lowering._backend.common import MAX_SPLIT_GROUPS
 from keras_cct.lowering.cost import Machine, cost, estimate_seconds
 from keras_cct.lowering.dispatch import available
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
-from keras_cct.lowering.native import MAX_SPLIT_GROUPS
 from keras_cct.lowering.timing import make_step
 
 CACHE_VERSION = 5  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
@@ -59,7 +60,7 @@ AUTO_FLOPS_PER_CALL = 6e9
 #: Rounds ``mode="auto"`` times its shortlist in (best of each; the candidates interleaved).
 AUTO_REPEATS = 3
 #: Forward flops under which ``mode="auto"`` picks ``"native"`` without timing (it does the
-#: same for more than :data:`~keras_cct.lowering.native.MAX_SPLIT_GROUPS` groups, depthwise
+#: same for more than :data:`~keras_cct.lowering._backend.common.MAX_SPLIT_GROUPS` groups, depthwise
 #: layers included: the lowerings run one GEMM per group, the backend one grouped op): at a few
 #: hundred GFLOP/s such a convolution takes well under a millisecond, where the op count of a
 #: lowering (pad, gather, GEMM, reshape, lifting) dominates.
@@ -92,22 +93,7 @@ def _cpu_name() -> str:
 
 
 def _device_name() -> str:
-    import keras
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-        if tf.config.list_logical_devices("GPU"):
-            return "gpu:" + tf.config.experimental.get_device_details(
-                tf.config.list_physical_devices("GPU")[0]).get("device_name", "gpu")
-    elif keras.backend.backend() == "jax":
-        import jax
-        dev = jax.devices()[0]
-        if dev.platform != "cpu":
-            return f"{dev.platform}:{dev.device_kind}"
-    elif keras.backend.backend() == "torch":
-        import torch
-        if torch.cuda.is_available():
-            return "cuda:" + torch.cuda.get_device_name(0)
-    return f"cpu:{_cpu_name()}:{os.cpu_count()}"
+    return B.device_name() or f"cpu:{_cpu_name()}:{os.cpu_count()}"
 
 
 #: Lowerings the planner does not pick for a dtype, for their error: F(4x4, 3x3)'s transforms

@@ -42,7 +42,6 @@ from __future__ import annotations
 import functools
 from typing import List, Sequence, Tuple
 
-import keras
 import numpy as np
 from keras import ops
 
@@ -91,22 +90,6 @@ def _matrices(tile: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     if tile not in _MATRICES:
         raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
     return tuple(np.asarray(m, np.float64) for m in _MATRICES[tile])  # type: ignore
-
-
-# ------------------------------------------------------------------ backend-specific GEMMs
-
-def _bmm(a, b, ta: bool = False, tb: bool = False):
-    """Batched ``op(a) @ op(b)`` of 3-D tensors, ``op`` a transpose of the last two axes when
-    asked, without materializing the transpose where the backend allows."""
-    name = keras.backend.backend()
-    if name == "tensorflow":
-        import tensorflow as tf
-        return tf.linalg.matmul(a, b, transpose_a=ta, transpose_b=tb)
-    if name == "torch":
-        return (a.transpose(1, 2) if ta else a) @ (b.transpose(1, 2) if tb else b)
-    a = ops.swapaxes(a, 1, 2) if ta else a
-    b = ops.swapaxes(b, 1, 2) if tb else b
-    return ops.matmul(a, b)
 
 
 # ------------------------------------------------------------------ the 1-D transforms
@@ -175,14 +158,6 @@ def _interleave(pieces: Sequence, axis: int):
     t = ops.stack(list(pieces), axis=axis + 1)
     shape = _shape(t)
     return ops.reshape(t, shape[:axis] + [shape[axis] * len(pieces)] + shape[axis + 2:])
-
-
-def _constant(a: np.ndarray, like):
-    """``a`` as a tensor of ``like``'s dtype (and device)."""
-    if keras.backend.backend() == "torch":
-        import torch
-        return torch.as_tensor(a, dtype=like.dtype, device=like.device)
-    return ops.convert_to_tensor(a, dtype=like.dtype)
 
 
 # ------------------------------------------------------------------ PyTorch: in place
@@ -323,11 +298,11 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2):
     gg = np.kron(gm, gm)  # (nn, 9): G g G^T for every (c, o) pair at once
 
     def kernel_transform(k):  # (3, 3, cg, o) -> (nn, cg, o): one small GEMM
-        u = B.matmul(_constant(gg, k), ops.reshape(k, (9, cg * geo.filters)))
+        u = B.matmul(B.constant(gg, k), ops.reshape(k, (9, cg * geo.filters)))
         return ops.reshape(u, (nn, cg, geo.filters))
 
     def kernel_adjoint(du):  # (nn, cg, o) -> (3, 3, cg, o)
-        dk = B.matmul_tn(_constant(gg, du), ops.reshape(du, (nn, cg * geo.filters)))
+        dk = B.matmul_tn(B.constant(gg, du), ops.reshape(du, (nn, cg * geo.filters)))
         return ops.reshape(dk, (3, 3, cg, geo.filters))
 
     def input_transform(xg):  # (b, h, w, cg) -> (nn, b*th*tw, cg)
@@ -357,15 +332,15 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2):
         return ops.reshape(rows, (nn, -1, og))  # (n_h, n_w, b, th, tw, o) flattened
 
     def gemm(v, u):  # (nn, tiles, c) x (nn, c, o)
-        return _bmm(v, u)
+        return B.bmm(v, u)
 
     def gemm_dv(dm, u):
-        return _bmm(dm, u, tb=True)
+        return B.bmm(dm, u, tb=True)
 
     def gemm_du(v, dm):
-        return _bmm(v, dm, ta=True)
+        return B.bmm(v, dm, ta=True)
 
-    if keras.backend.backend() == "torch":
+    if B.NAME == "torch":
         (input_transform, input_adjoint, output_transform, output_adjoint,
          gemm, gemm_dv, gemm_du) = _torch_transforms(geo, tile, th, tw, pads)
 

@@ -1,0 +1,48 @@
+"""What every backend module of :mod:`keras_cct.lowering._backend` shares."""
+
+from __future__ import annotations
+
+from typing import List
+
+from keras import ops
+
+from keras_cct.lowering.geometry import ConvGeometry
+
+#: More groups than this (other than depthwise) use the backend's grouped convolution; up to
+#: it, the backends whose grouped convolution is slow on CPUs run the split form (one
+#: convolution per group).
+MAX_SPLIT_GROUPS = 16
+
+
+def split_groups(geo: ConvGeometry) -> bool:
+    """Whether a grouped convolution runs in the split form (see :data:`MAX_SPLIT_GROUPS`)."""
+    return 1 < geo.groups <= MAX_SPLIT_GROUPS and geo.cg > 1
+
+
+def custom_conv(forward, backward, x, kernel, as_tensor=ops.convert_to_tensor):
+    """``forward(x, kernel) -> (y, saved)`` as a differentiable op on every backend, whose
+    gradient is ``backward(dy, saved) -> (dx, dkernel)`` (``keras.ops.custom_gradient``).
+    Variables enter as tensors (``as_tensor``): TF's custom_gradient would otherwise insist on
+    handling their gradients itself."""
+    @ops.custom_gradient
+    def conv(x, kernel):
+        y, saved = forward(x, kernel)
+
+        def grad(*args, upstream=None):
+            dy = upstream if upstream is not None else args[0]
+            return backward(dy, saved)
+
+        return y, grad
+
+    return conv(as_tensor(x), as_tensor(kernel))
+
+
+def batch_bounds(x, parts: int, unit: int = 1) -> List:
+    """Start offsets (``parts + 1`` of them) along axis 0 of ``x`` that cut its ``n = len(x) /
+    unit`` blocks of ``unit`` rows into ``parts`` contiguous, near-equal partitions (Python ints
+    when the size is static, scalar tensors otherwise; an empty partition when ``n < parts``)."""
+    n = x.shape[0]
+    if n is None:
+        n = ops.shape(x)[0]
+    n = n // unit
+    return [(n * i) // parts * unit for i in range(parts + 1)]

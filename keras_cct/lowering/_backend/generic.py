@@ -1,0 +1,112 @@
+"""``keras.ops`` forms of the per-backend primitives, for a backend without a module of its
+own; the other modules start from these."""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import numpy as np
+from keras import ops
+
+from keras_cct.lowering._backend import common
+from keras_cct.lowering.geometry import ConvGeometry
+
+NAME = "generic"
+__all__ = ["NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
+           "device_name", "index_tensor", "matmul", "matmul_nt", "matmul_tn", "native_conv",
+           "segment_sum", "split_batch", "take_rows"]
+
+
+def as_tensor(x):
+    """A plain tensor holding ``x``'s value (a variable is read, not passed as a variable)."""
+    return ops.convert_to_tensor(x)
+
+
+def custom_conv(forward, backward, x, kernel):
+    """:func:`~keras_cct.lowering._backend.common.custom_conv` with this backend's tensors."""
+    return common.custom_conv(forward, backward, x, kernel, as_tensor)
+
+
+def constant(a: np.ndarray, like):
+    """``a`` as a tensor of ``like``'s dtype (and device)."""
+    return ops.convert_to_tensor(a, dtype=like.dtype)
+
+
+def index_tensor(indices, like):
+    """A 1-D int32 numpy ``indices`` as the index tensor :func:`take_rows` wants (on ``like``'s
+    device), made once and reused for every partition."""
+    return ops.convert_to_tensor(indices)
+
+
+def matmul(a, b):
+    """``a @ b`` for 2-D operands, in their own dtype."""
+    return ops.matmul(a, b)
+
+
+def matmul_tn(a, b):
+    """``a.T @ b`` for 2-D ``a`` (k, m) and ``b`` (k, n), without materializing ``a.T``."""
+    return ops.matmul(ops.transpose(a), b)
+
+
+def matmul_nt(a, b):
+    """``a @ b.T`` for 2-D ``a`` (m, k) and ``b`` (n, k), without materializing ``b.T``."""
+    return ops.matmul(a, ops.transpose(b))
+
+
+def bmm(a, b, ta: bool = False, tb: bool = False):
+    """Batched ``op(a) @ op(b)`` of 3-D tensors, ``op`` a transpose of the last two axes when
+    asked, without materializing the transpose where the backend allows."""
+    a = ops.swapaxes(a, 1, 2) if ta else a
+    b = ops.swapaxes(b, 1, 2) if tb else b
+    return ops.matmul(a, b)
+
+
+def add_n(tensors: List):
+    """Sum of same-shape tensors."""
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = ops.add(total, t)
+    return total
+
+
+def take_rows(x, indices):
+    """``x[:, indices, :]`` for a 3-D ``x`` and an :func:`index_tensor` (a gather of whole rows
+    along axis 1)."""
+    return ops.take(x, indices, axis=1)
+
+
+def split_batch(x, parts: int, unit: int = 1) -> List:
+    """``x`` cut along axis 0 into ``parts`` contiguous partitions (see
+    :func:`~keras_cct.lowering._backend.common.batch_bounds`)."""
+    if parts == 1:
+        return [x]
+    bounds = common.batch_bounds(x, parts, unit)
+    return [x[bounds[i]:bounds[i + 1]] for i in range(parts)]
+
+
+def segment_sum(data, segment_ids, num_segments: int):
+    """Sum of the rows (axis 0) of ``data`` by a 1-D int32 numpy ``segment_ids``."""
+    return ops.segment_sum(data, segment_ids, num_segments=num_segments)
+
+
+def native_conv(x, kernel, geo: ConvGeometry):
+    """The convolution by ``keras.ops.conv`` (explicit padding as a pad)."""
+    padding = geo.keras_padding
+    if padding is None:
+        (pt, pb), (pl, pr) = geo.pad
+        x = ops.pad(x, [[0, 0], [pt, pb], [pl, pr], [0, 0]])
+        padding = "valid"
+    return ops.conv(x, kernel, strides=(geo.sh, geo.sw), padding=padding,
+                    dilation_rate=(geo.dh, geo.dw))
+
+
+def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, *,
+              training: bool, jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
+    """A no-argument callable running ``conv(x, kernel)`` (and, if ``training``, the gradients
+    of ``sum(y * r)`` with respect to both, fetched with the loss)."""
+    raise NotImplementedError("no timing step for this Keras backend")
+
+
+def device_name() -> Optional[str]:
+    """The accelerator Keras computes on (``None``: the CPU)."""
+    return None
