@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import keras
 
+from keras_cct.layers.convert import to_hybrid
+
 
 def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto") -> keras.Model:
     """A copy of ``model`` in which every ``keras.layers.Conv2D`` is a HybridConv2D with the same
@@ -14,10 +16,6 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto") -> k
         strategy: a :class:`~keras_cct.CCTStrategy`, or None for plain HybridConv2D layers.
         lowering: the new layers' ``lowering``.
     """
-    # not at the top: keras_cct.layers.hybrid_conv2d imports keras_cct.strategy.context, whose
-    # package __init__ imports this module (a strategy <-> layers circle to break there)
-    from keras_cct.layers.convert import to_hybrid
-
     def clone(layer):
         if type(layer) is keras.layers.Conv2D:
             new = to_hybrid(layer, lowering=lowering)

@@ -15,9 +15,11 @@ import numpy as np
 
 from keras_cct.errors import DeviceError, LoweringError
 from keras_cct.lowering.geometry import ConvGeometry, PaddingArg, conv_geometry
+from keras_cct.lowering.names import LOWERED_TYPES
 from keras_cct.devices.opencl.client import client_for
 
-LOWERINGS = ("type1", "type2", "type3")
+#: The lowerings the OpenCL kernels compute: CcT's three types.
+LOWERINGS = LOWERED_TYPES
 #: Bytes of lowered data (im2col or Type 3 GEMM output) per batch partition.
 CHUNK_BYTES = 8 << 20
 #: Fewest output pixels per batch partition in the backward pass (its kernel-gradient GEMM sums
