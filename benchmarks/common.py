@@ -16,24 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "docs" / "benchmarks"
 
 
-def layer_train_step(layer):
-    """A ``tf.function`` of one forward+backward pass of ``layer`` (gradients of
-    ``sum(y * y)`` with respect to the input and the weights), returning a scalar so that
-    ``step(x).numpy()`` waits for all of it."""
-    import tensorflow as tf
-
-    @tf.function
-    def step(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = layer(x)
-            loss = tf.reduce_sum(y * y)
-        g = tape.gradient(loss, [x] + layer.trainable_weights)
-        return sum(tf.reduce_sum(t[..., :1]) for t in g)
-
-    return step
-
-
 def spawn_config(module: str, spec: dict, *, env: Optional[Dict[str, str]] = None,
                  timeout: float = 1200, backend: str = "tensorflow",
                  on_line: Optional[Callable[[str], None]] = None,

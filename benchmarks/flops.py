@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from benchmarks.common import (DEFAULT_OUT, best_of, layer_train_step, markdown_table,
+from benchmarks.common import (DEFAULT_OUT, best_of, markdown_table,
                                spawn_config, write_results)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +52,7 @@ def run_config(spec: dict) -> dict:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from keras_cct import HybridConv2D
     from keras_cct.devices import calibrate, get_device
+    from keras_cct.lowering.timing import block, layer_steps
     name = spec["device"]
     env = spec.get("env")
     device = get_device(name, env=env) if name.startswith("opencl") else get_device(name)
@@ -64,8 +65,8 @@ def run_config(spec: dict) -> dict:
     x = tf.constant(np.random.default_rng(0).standard_normal((batch, hw, hw, lay["channels"])),
                     tf.float32)
 
-    step = layer_train_step(layer)
-    best = best_of(lambda: step(x).numpy(), spec["repeats"])
+    _, step = layer_steps(layer, [x])
+    best = best_of(lambda: block(step(x)), spec["repeats"])
     out_hw = hw + 2 * lay["pad"] - lay["kernel"] + 1
     flops = 3 * 2.0 * batch * out_hw ** 2 * lay["kernel"] ** 2 * lay["channels"] * lay["filters"]
     return {"calibrated_gflops": gflops, "step_s": best, "images_per_s": batch / best,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import (DEFAULT_OUT, best_of, layer_train_step, markdown_table,
+from benchmarks.common import (DEFAULT_OUT, best_of, markdown_table,
                                spawn_config, write_results)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,32 +114,16 @@ def _confine(spec: dict) -> str:
 
 
 def _layer_step(layer, backend: str, batch: int, hw: int):
-    """``(step, x)``: one forward+backward of ``layer`` (gradients of ``sum(y * y)`` with
-    respect to the input and the weights), waited for, and its input."""
-    x = np.random.default_rng(0).standard_normal((batch, hw, hw, 96)).astype("float32")
-    if backend == "tensorflow":
-        import tensorflow as tf
-        step = layer_train_step(layer)
-        return (lambda x: step(x).numpy()), tf.constant(x)
-    if backend == "jax":
-        import jax
-        import jax.numpy as jnp
-        weights = [w.value for w in layer.trainable_weights]
+    """``(step, x)``: one forward+backward of ``layer`` (the output and the gradients with
+    respect to the input and the weights: :func:`keras_cct.lowering.timing.layer_steps`),
+    waited for, and its input."""
+    import keras
 
-        def loss(x, tw):
-            y, _ = layer.stateless_call(tw, [], x)
-            return jnp.sum(y * y)
-        grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-        return (lambda x: jax.block_until_ready(grad(x, weights))), jnp.asarray(x)
-    import torch
-
-    def torch_step(x):
-        xt = x.detach().requires_grad_(True)
-        y = layer(xt)
-        (y * y).sum().backward()
-        for w in layer.trainable_weights:
-            w.value.grad = None
-    return torch_step, torch.from_numpy(x)
+    from keras_cct.lowering.timing import block, layer_steps
+    x = keras.ops.convert_to_tensor(
+        np.random.default_rng(0).standard_normal((batch, hw, hw, 96)).astype("float32"))
+    _, step = layer_steps(layer, [x])
+    return (lambda x: block(step(x))), x
 
 
 def run_config(spec: dict) -> dict:

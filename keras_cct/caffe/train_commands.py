@@ -227,79 +227,6 @@ def _test(args: argparse.Namespace) -> int:
     return 0
 
 
-def _backend_timers(layer, xs):
-    """(forward, backward) callables for one layer on inputs ``xs``; backward computes the
-    output and the gradients of ``sum(y * dy)`` with respect to the inputs and the layer's
-    weights (a forward+backward time: the output is fetched, so no forward is pruned)."""
-    import keras
-    backend = keras.backend.backend()
-    single = len(xs) == 1
-    arg = xs[0] if single else list(xs)
-    y0 = layer(arg)
-    outs0 = y0 if isinstance(y0, (list, tuple)) else [y0]
-    rng = np.random.default_rng(0)
-    dys = [rng.standard_normal(tuple(o.shape)).astype("float32") for o in outs0]
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        @tf.function
-        def fwd(*a):
-            return layer(a[0] if single else list(a))
-
-        @tf.function
-        def bwd(*a):
-            with tf.GradientTape() as tape:
-                tape.watch(a)
-                y = layer(a[0] if single else list(a))
-                ys = y if isinstance(y, (list, tuple)) else [y]
-                total = tf.add_n([tf.reduce_sum(o * d) for o, d in zip(ys, dys)])
-            # ``total`` is fetched too: TF would otherwise prune a forward no gradient needs
-            return total, tape.gradient(total, list(a) + list(layer.trainable_weights))
-    elif backend == "jax":
-        import jax
-        tv = [v.value for v in layer.trainable_variables]
-        ntv = [v.value for v in layer.non_trainable_variables]
-
-        def f(tv_, *a):
-            y, _ = layer.stateless_call(tv_, ntv, a[0] if single else list(a))
-            return y
-
-        fwd = jax.jit(lambda *a: f(tv, *a))
-
-        import jax.numpy as jnp
-
-        def _bwd(*a):
-            y, vjp = jax.vjp(f, tv, *a)
-            ct = [jnp.asarray(d) for d in dys]
-            return y, vjp(type(y)(ct) if isinstance(y, (list, tuple)) else ct[0])  # y: kept
-
-        bwd = jax.jit(_bwd)
-    else:  # torch and others: eager
-        import torch
-
-        def fwd(*a):
-            with torch.no_grad():
-                return layer(a[0] if single else list(a))
-
-        def bwd(*a):
-            a = [t.detach().requires_grad_(True) if torch.is_floating_point(t) else t
-                 for t in a]
-            y = layer(a[0] if single else list(a))
-            ys = y if isinstance(y, (list, tuple)) else [y]
-            total = sum((o * torch.as_tensor(d, device=o.device)).sum() for o, d in zip(ys, dys))
-            params = [t for t in a if t.requires_grad] + [
-                v.value for v in layer.trainable_variables]
-            return torch.autograd.grad(total, params, allow_unused=True)
-    return fwd, bwd
-
-
-def _block(x):
-    import keras
-    for t in keras.tree.flatten(x):
-        if t is not None:
-            keras.ops.convert_to_numpy(keras.ops.sum(t))
-
-
 def time_model(model_path: str, *, phase: str = "TRAIN", stages=(), weights=None,
                batch=None, random_data: bool = False, input_shapes=None, lowering=None,
                devices=None, conv: str = "hybrid"):
@@ -325,7 +252,9 @@ def compile_for_timing(model) -> None:
 
 
 def _time(args: argparse.Namespace) -> int:
-    import keras
+    import keras  # lazily, as every Keras import of the cct commands
+
+    from keras_cct.lowering.timing import block, layer_steps
     shapes = _parse_shapes(args.input_shape)
     random_data = check_time_inputs(args, shapes)  # a deploy net: random data, as caffe time
     check_one_device(args.devices)
@@ -346,24 +275,24 @@ def _time(args: argparse.Namespace) -> int:
     rows = []
     for layer, xin in zip(layers if args.layers else [], values):
         xs = [keras.ops.convert_to_tensor(v) for v in (xin if isinstance(xin, list) else [xin])]
-        fwd, bwd = _backend_timers(layer, xs)
-        _block(fwd(*xs))
+        fwd, bwd = layer_steps(layer, xs)
+        block(fwd(*xs))
         has_bwd = True
         try:
-            _block(bwd(*xs))
+            block(bwd(*xs))
         except Exception:  # a layer without gradient (integer inputs): forward only
             has_bwd = False
         t0 = time.perf_counter()
         for _ in range(n):
             out = fwd(*xs)
-        _block(out)
+        block(out)
         tf_ms = (time.perf_counter() - t0) * 1000 / n
         tb_ms = float("nan")
         if has_bwd:
             t0 = time.perf_counter()
             for _ in range(n):
                 g = bwd(*xs)
-            _block(g)
+            block(g)
             tb_ms = (time.perf_counter() - t0) * 1000 / n
         lowering = getattr(layer, "chosen_lowering", None)
         rows.append((layer.name, tf_ms, tb_ms, lowering))

@@ -1,10 +1,14 @@
-"""One compiled forward(+backward) step of a convolution per backend, for the planner's
-``mode="measure"`` and the benchmarks. Each call blocks until the result is computed."""
+"""keras_cct's one timing harness: one compiled forward(+backward) step of a convolution
+(:func:`make_step`, for the planner and the benchmarks) or of any Keras layer
+(:func:`layer_steps`, for ``cct time`` and the benchmarks), per backend
+(:mod:`keras_cct.lowering._backend`), and the timer (:func:`best_of`, :func:`block`). A
+forward+backward step always includes the forward: its output (or the loss) is fetched, so
+TensorFlow and XLA cannot prune it."""
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 
@@ -48,3 +52,24 @@ def make_step(geo: ConvGeometry, lowering: Union[str, Callable], x: np.ndarray,
         (x.shape[0], geo.out_h, geo.out_w, geo.filters)).astype(x.dtype)
     return B.conv_step(lambda xx, kk: conv2d_geo(xx, kk, geo, lowering), x, kernel, r,
                        training=training, jit_compile=jit_compile, dtype=dtype)
+
+
+def layer_steps(layer, xs) -> Tuple[Callable, Callable]:
+    """``(forward, forward_backward)`` for ``layer`` on the inputs ``xs`` (a list; one input is
+    passed alone, several as a list): both take ``*xs``; ``forward_backward`` computes the
+    output and the gradients of ``sum(y * dy)`` (``dy`` fixed random, one per output) with
+    respect to the floating-point inputs and the layer's weights, and returns the output (or
+    the loss) with them. Wrap a call in :func:`block` to wait for it."""
+    y0 = layer(xs[0] if len(xs) == 1 else list(xs))
+    outs = y0 if isinstance(y0, (list, tuple)) else [y0]
+    rng = np.random.default_rng(0)
+    dys = [rng.standard_normal(tuple(o.shape)).astype("float32") for o in outs]
+    return B.layer_steps(layer, list(xs), dys)
+
+
+def block(x) -> None:
+    """Wait until every tensor in the structure ``x`` is computed (by fetching a sum of each)."""
+    import keras
+    for t in keras.tree.flatten(x):
+        if t is not None:
+            keras.ops.convert_to_numpy(keras.ops.sum(t))

@@ -13,7 +13,7 @@ from keras_cct.lowering.geometry import ConvGeometry
 
 NAME = "generic"
 __all__ = ["NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
-           "device_name", "index_tensor", "matmul", "matmul_nt", "matmul_tn", "native_conv",
+           "device_name", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "split_batch", "take_rows"]
 
 
@@ -110,3 +110,9 @@ def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, 
 def device_name() -> Optional[str]:
     """The accelerator Keras computes on (``None``: the CPU)."""
     return None
+
+
+def layer_steps(layer, args: list, dys: list):
+    """``(forward, forward_backward)`` callables of ``layer`` on ``args`` (one tensor, or a
+    list of them, passed as such): see :func:`keras_cct.lowering.timing.layer_steps`."""
+    raise NotImplementedError("no layer timing for this Keras backend")

@@ -49,3 +49,22 @@ def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, 
 def device_name() -> Optional[str]:
     dev = jax.devices()[0]
     return None if dev.platform == "cpu" else f"{dev.platform}:{dev.device_kind}"
+
+
+def layer_steps(layer, args: list, dys: list):
+    """Two ``jax.jit``\ s of the layer's ``stateless_call``; the forward+backward one returns
+    the output with the input and weight gradients (``jax.vjp``)."""
+    single = len(args) == 1
+    tv = [v.value for v in layer.trainable_variables]
+    ntv = [v.value for v in layer.non_trainable_variables]
+
+    def apply(tv_, *a):
+        y, _ = layer.stateless_call(tv_, ntv, a[0] if single else list(a))
+        return y
+
+    def forward_backward(*a):
+        y, vjp = jax.vjp(apply, tv, *a)
+        ct = [jnp.asarray(d) for d in dys]
+        return y, vjp(type(y)(ct) if isinstance(y, (list, tuple)) else ct[0])
+
+    return jax.jit(lambda *a: apply(tv, *a)), jax.jit(forward_backward)

@@ -138,3 +138,24 @@ def device_name() -> Optional[str]:
         return "gpu:" + tf.config.experimental.get_device_details(gpus[0]).get(
             "device_name", "gpu")
     return None
+
+
+def layer_steps(layer, args: list, dys: list):
+    """Two ``tf.function``\ s; the forward+backward one returns the loss with the gradients (TF
+    would otherwise prune a forward that no gradient needs)."""
+    single = len(args) == 1
+
+    @tf.function
+    def forward(*a):
+        return layer(a[0] if single else list(a))
+
+    @tf.function
+    def forward_backward(*a):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            y = layer(a[0] if single else list(a))
+            ys = y if isinstance(y, (list, tuple)) else [y]
+            total = tf.add_n([tf.reduce_sum(o * d) for o, d in zip(ys, dys)])
+        return total, tape.gradient(total, list(a) + list(layer.trainable_weights))
+
+    return forward, forward_backward

@@ -94,3 +94,24 @@ def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, 
 
 def device_name() -> Optional[str]:
     return "cuda:" + torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def layer_steps(layer, args: list, dys: list):
+    """Eager: the forward under ``no_grad``; the forward+backward by ``torch.autograd.grad``
+    with respect to the floating-point inputs and the weights."""
+    single = len(args) == 1
+
+    def forward(*a):
+        with torch.no_grad():
+            return layer(a[0] if single else list(a))
+
+    def forward_backward(*a):
+        a = [t.detach().requires_grad_(True) if torch.is_floating_point(t) else t for t in a]
+        y = layer(a[0] if single else list(a))
+        ys = y if isinstance(y, (list, tuple)) else [y]
+        total = sum((o * torch.as_tensor(d, device=o.device)).sum() for o, d in zip(ys, dys))
+        params = [t for t in a if t.requires_grad] + [
+            v.value for v in layer.trainable_variables]
+        return torch.autograd.grad(total, params, allow_unused=True)
+
+    return forward, forward_backward
