@@ -235,7 +235,7 @@ def _group(caffe_type: str) -> str:
 
 class _Training:
     """A layer called in training mode (Dropout drops, BatchNorm uses the batch), for
-    ``cct time``'s per-layer timers (which call ``layer(x)`` as at inference)."""
+    the timing harness's per-layer steps (which call ``layer(x)`` as at inference)."""
 
     def __init__(self, layer):
         self.layer = layer
@@ -254,7 +254,8 @@ def layer_profile(path: Path, shapes: dict, rounds: int, progress=None) -> List[
     import torch
 
     from benchmarks.torch_net import load_torch_net
-    from keras_cct.caffe.train_commands import _backend_timers, _block, time_model
+    from keras_cct.caffe.train_commands import time_model
+    from keras_cct.lowering.timing import block, layer_steps
     from keras_cct.caffe.net.weights import keras_name
     model, batch = time_model(str(path), phase="TRAIN", random_data=True, input_shapes=shapes)
     fmodel = model.net
@@ -275,7 +276,7 @@ def layer_profile(path: Path, shapes: dict, rounds: int, progress=None) -> List[
             continue
         ctype, key, bottoms = by_kname[layer.name]
         xs = [keras.ops.convert_to_tensor(v) for v in (xin if isinstance(xin, list) else [xin])]
-        kf, kb = _backend_timers(_Training(layer), xs)
+        kf, kb = layer_steps(_Training(layer), xs)
         mod = tnet.mods[key]
         if hasattr(mod, "inplace"):
             mod.inplace = False  # a leaf input cannot be changed in place
@@ -308,8 +309,8 @@ def layer_profile(path: Path, shapes: dict, rounds: int, progress=None) -> List[
             cands[f"torch_{fmt}_fwd"] = tf_
             cands[f"torch_{fmt}_fb"] = tb_
             # the module stays in the last format: the next format sets its own
-        cands["keras_fwd"] = lambda kf=kf, xs=xs: _block(kf(*xs))
-        cands["keras_fb"] = lambda kb=kb, xs=xs: _block(kb(*xs))
+        cands["keras_fwd"] = lambda kf=kf, xs=xs: block(kf(*xs))
+        cands["keras_fb"] = lambda kb=kb, xs=xs: block(kb(*xs))
         times = measure(cands, rounds, warmup=1, gap=0.0)
         row = {"layer": layer.name, "type": ctype, "group": _group(ctype),
                "input_shape": list(tshape)}
