@@ -235,7 +235,7 @@ def test_devices_split_equals_plain_run(tmp_path, capsys):
     the plain run, and the final table names both devices with their fractions."""
     import keras
     if keras.backend.backend() != "tensorflow":
-        pytest.skip("CCTStrategy runs on the TensorFlow backend")
+        pytest.skip("tf:cpu:0 devices and TensorFlow's multi-worker composition")
     if not _opencl_available():
         pytest.skip("no OpenCL device (PoCL)")
     solver = _setup(tmp_path, max_iter=4, snapshot=0, test_interval=4)

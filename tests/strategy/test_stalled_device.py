@@ -20,7 +20,8 @@ from tests.processes import gone
 opencl = _ts.opencl  # the fixture: the OpenCL platform (skips without one, fails in CI)
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                                reason="CCTStrategy runs on the TensorFlow backend")
+                                reason="the TensorFlow split op (tf.device shards, tf.function graphs); "
+                                "JAX and PyTorch: test_backends.py")
 
 DEADLINE = 3.0
 

@@ -14,7 +14,8 @@ from tests import reference as ref
 from tests.backend_grads import layer_grads, to_numpy
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                                reason="CCTStrategy runs on the TensorFlow backend")
+                                reason="the TensorFlow split op (tf.device shards, tf.function graphs); "
+                                "JAX and PyTorch: test_backends.py")
 
 
 @pytest.fixture(scope="module")
