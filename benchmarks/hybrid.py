@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import (DEFAULT_OUT, best_of, markdown_table,
+from benchmarks.common import (DEFAULT_OUT, best_of, cpu_info, library_versions, markdown_table,
                                spawn_config, write_results)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -367,17 +367,22 @@ def main(argv=None) -> dict:
                      c["model_images_per_s"],
                      ", ".join(f"{k} {v:.2f}/{bfr[k]:.2f}" for k, v in fr.items()) or "-",
                      c.get("balance_efficiency", float("nan"))])
-    data = {"backend": backend, "batch": batch, "rounds": rounds, "configs": configs, "summary": summary,
-            "specs": {k: v for k, v in specs.items()}}
+    cpu = cpu_info()
+    data = {"backend": backend, "batch": batch, "rounds": rounds, "configs": configs,
+            "summary": summary, "specs": {k: v for k, v in specs.items()},
+            "machine": {"cpu": cpu, "versions": library_versions()}}
     flag = (f" --backend {backend}" if backend != "tensorflow" else "") + \
         (" --short" if args.short else " --quick" if args.quick else "")
     name = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}[backend]
     md = (f"# Hybrid execution benchmark (CcT RQ4), {name}\n\n"
           f"Command: `python -m benchmarks.hybrid{flag}`. "
           f"Batch {batch}; each configuration run {rounds} time(s) in turn, its best kept. "
-          f"Each device confined to its own core, except in `{own}2`: {name}'s "
-          "process pinned to core 0 (1 intra-op thread), the OpenCL worker pinned to core 1 "
-          "(`KERAS_CCT_WORKER_CPUS=1`, PoCL `POCL_MAX_PTHREAD_COUNT=1`).\n\n" +
+          f"Machine: **{cpu['model']}**, {cpu['usable_cores']} usable cores, vector units: "
+          f"{cpu['vector_units']}, matrix units: {cpu['matrix_units']}. "
+          f"Each device confined to its own core: {name} ({own}1 and its share of the "
+          "hybrid) pinned to core 0 with 1 intra-op thread, the OpenCL worker pinned to core 1 "
+          "(`KERAS_CCT_WORKER_CPUS=1`, PoCL `POCL_MAX_PTHREAD_COUNT=1`); "
+          f"`{own}2`: {name} alone on both cores.\n\n" +
           markdown_table(["config", "devices", "conv2 img/s (f+b)", "model img/s (train)",
                           "fractions (conv2, fwd/bwd)", "balance efficiency (f+b)"], rows) + "\n")
     for key, s in summary.items():
