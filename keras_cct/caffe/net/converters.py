@@ -7,73 +7,20 @@ from :mod:`keras_cct.caffe.net.layers`."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict
 
 import keras
 
 from keras_cct.caffe.io import proto
-from keras_cct.caffe.io.upgrade import NetSource
 from keras_cct.caffe.net import layers as cl
-from keras_cct.caffe.net.weights import keras_name
-from keras_cct.errors import CaffeFormatError
+from keras_cct.caffe.net.context import Ctx
+from keras_cct.caffe.net.context import hw as _hw
+from keras_cct.caffe.net.context import need_rank as _need_rank
 from keras_cct.layers.convert import keras_conv_layers
 from keras_cct.layers.hybrid_conv2d import HybridConv2D
 
 __all__ = ["Ctx", "CONVERTERS", "ONE_TOP"]
 
-
-
-class Ctx:
-    def __init__(self, source: NetSource, phase: int, conv_impl: str = "hybrid",
-                 conv_options: Optional[Mapping] = None) -> None:
-        self.source = source
-        self.phase = phase
-        self.conv_impl = conv_impl
-        self.conv_options = dict(conv_options or {})
-        self.batch: Optional[int] = None  # Caffe batch size of the first input
-        self.index = 0
-        self.lp = None
-        self.names: Dict[str, str] = {}  # keras name -> caffe name
-
-    def error(self, message: str, hint: Optional[str] = None) -> CaffeFormatError:
-        return CaffeFormatError(message, path=self.source.path,
-                                line=self.source.line_of(self.index),
-                                layer=self.lp.name if self.lp is not None else None, hint=hint)
-
-    def kname(self) -> str:
-        return keras_name(self.lp.name)
-
-
-def _hw(ctx: Ctx, p, single: str, h: str, w: str, default: Optional[int]) -> Tuple[int, int]:
-    """Caffe's (h, w) from repeated ``single`` (0, 1 or 2 values) or ``h``/``w`` fields."""
-    has_hw = p.HasField(h) or p.HasField(w)
-    vals = getattr(p, single)
-    is_repeated = not isinstance(vals, int)
-    if has_hw:
-        if not (p.HasField(h) and p.HasField(w)):
-            raise ctx.error(f"give both {h} and {w}")
-        if (is_repeated and len(vals)) or (not is_repeated and p.HasField(single)):
-            raise ctx.error(f"give either {single} or {h}/{w}, not both")
-        return int(getattr(p, h)), int(getattr(p, w))
-    if is_repeated:
-        if len(vals) == 0:
-            if default is None:
-                raise ctx.error(f"{single} is required")
-            return default, default
-        if len(vals) == 1:
-            return int(vals[0]), int(vals[0])
-        if len(vals) == 2:
-            return int(vals[0]), int(vals[1])
-        raise ctx.error(f"{single} has {len(vals)} values: only 2-D is supported")
-    if not p.HasField(single) and default is None:
-        raise ctx.error(f"{single} (or {h} and {w}) is required")
-    return int(vals), int(vals)
-
-
-def _need_rank(ctx: Ctx, x, rank: int, what: str) -> None:
-    if len(x.shape) != rank:
-        raise ctx.error(f"{what} needs a {rank}-D input (N, C, H, W), got a "
-                        f"{len(x.shape)}-D blob of Caffe shape {cl.caffe_shape(x.shape)}")
 
 
 def _conv_args(ctx: Ctx, p):
@@ -302,4 +249,21 @@ CONVERTERS: Dict[str, Callable] = {
     "Concat": _concat, "Slice": _slice, "Flatten": _flatten, "Reshape": _reshape,
     "Crop": _crop, "Softmax": _softmax, "Dropout": _dropout,
 }
-ONE_TOP = set(CONVERTERS) - {"Slice"}
+_MULTI_TOP = {"Slice"}
+
+
+def _register(more: Dict[str, Callable], multi_top=()) -> None:
+    """Adds another module's converters (one definition per type: a clash is a bug)."""
+    clash = set(more) & set(CONVERTERS)
+    if clash:
+        raise RuntimeError(f"Caffe layer types converted twice: {sorted(clash)}")
+    CONVERTERS.update(more)
+    _MULTI_TOP.update(multi_top)
+
+
+from keras_cct.caffe.net import converters_bvlc, converters_forks, converters_recurrent  # noqa: E402
+
+for _mod in (converters_bvlc, converters_forks, converters_recurrent):
+    _register(_mod.CONVERTERS, getattr(_mod, "MULTI_TOP", ()))
+
+ONE_TOP = set(CONVERTERS) - _MULTI_TOP

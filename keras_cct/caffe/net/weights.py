@@ -146,8 +146,14 @@ def _blob_bytes(array: np.ndarray) -> bytes:
 
 
 def caffe_type_of(layer) -> Optional[str]:
-    """The Caffe type a Keras layer imports/exports as (``None``: no weights to convert)."""
+    """The Caffe type a Keras layer imports/exports as (``None``: no weights to convert).
+
+    A layer class may declare it with a ``caffe_type`` class attribute; its variables are then
+    Caffe's blobs as is (same order and shapes), as for Scale and Bias."""
     cls = type(layer).__name__
+    declared = getattr(type(layer), "caffe_type", None)
+    if declared is not None:
+        return str(declared) if layer.weights else None
     table = {"HybridConv2D": "Convolution", "Conv2D": "Convolution",
              "CaffeDeconvolution": "Deconvolution", "CaffeInnerProduct": "InnerProduct",
              "CaffePReLU": "PReLU", "CaffeBatchNorm": "BatchNorm", "CaffeScale": "Scale",

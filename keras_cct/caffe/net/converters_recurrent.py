@@ -1,0 +1,11 @@
+"""Converters for recurrent layers (LSTM, RNN, LSTMUnit) and opt-in Python layers: ``(ctx, layer_param, bottom tensors) -> list of top tensors``,
+merged into :data:`keras_cct.caffe.net.converters.CONVERTERS`."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Set
+
+__all__ = ["CONVERTERS", "MULTI_TOP"]
+
+CONVERTERS: Dict[str, Callable] = {}
+MULTI_TOP: Set[str] = set()  # types whose layers may have several tops
