@@ -43,3 +43,6 @@ __all__ = [
     "CaffeEltwise", "CaffeSlice", "CaffeConcat", "CaffeSoftmax", "CaffeFlatten", "CaffeReshape",
     "CaffeCrop",
 ]
+
+# the three families added later register their layers on import, as the ones above
+from keras_cct.caffe.net.layers import bvlc as _bvlc, forks as _forks, recurrent as _recurrent  # noqa: E402,F401
