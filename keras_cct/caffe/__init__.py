@@ -19,6 +19,10 @@ Public API (imported lazily, so ``import keras_cct.caffe`` stays light):
   :func:`array_to_blob` -- file readers (:mod:`keras_cct.caffe.io`).
 * :func:`load_solver` -- a solver.prototxt -> a training :class:`Solver`.
 * ``proto`` -- Caffe's protobuf message classes (:mod:`keras_cct.caffe.io.proto`).
+* pycaffe's names (:mod:`keras_cct.caffe.pycaffe`), so that ``import keras_cct.caffe as caffe``
+  runs a pycaffe script: :class:`Net`, :class:`Classifier`, :func:`get_solver`,
+  :class:`SGDSolver` & co., ``TRAIN`` / ``TEST``, ``set_mode_cpu`` / ``set_mode_gpu`` /
+  ``set_device``, and ``io`` (:mod:`keras_cct.caffe.io`: ``Transformer``, ``load_image``, ...).
 """
 
 from __future__ import annotations
@@ -44,10 +48,25 @@ _EXPORTS = {
     "filter_net": "keras_cct.caffe.io.filter",
     "load_solver": "keras_cct.caffe.train.solver",
     "Solver": "keras_cct.caffe.train.solver",
+    # pycaffe's API
+    "Net": "keras_cct.caffe.pycaffe.net",
+    "Classifier": "keras_cct.caffe.pycaffe.classifier",
+    "TRAIN": "keras_cct.caffe.pycaffe.blob",
+    "TEST": "keras_cct.caffe.pycaffe.blob",
+    "get_solver": "keras_cct.caffe.pycaffe.solver",
+    "SGDSolver": "keras_cct.caffe.pycaffe.solver",
+    "NesterovSolver": "keras_cct.caffe.pycaffe.solver",
+    "AdaGradSolver": "keras_cct.caffe.pycaffe.solver",
+    "RMSPropSolver": "keras_cct.caffe.pycaffe.solver",
+    "AdaDeltaSolver": "keras_cct.caffe.pycaffe.solver",
+    "AdamSolver": "keras_cct.caffe.pycaffe.solver",
+    "set_mode_cpu": "keras_cct.caffe.pycaffe.mode",
+    "set_mode_gpu": "keras_cct.caffe.pycaffe.mode",
+    "set_device": "keras_cct.caffe.pycaffe.mode",
 }
 
 #: modules reachable as attributes (``from keras_cct.caffe import proto``)
-_MODULES = {"proto": "keras_cct.caffe.io.proto"}
+_MODULES = {"proto": "keras_cct.caffe.io.proto", "io": "keras_cct.caffe.io"}
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES)
 
