@@ -178,7 +178,7 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
               input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
               source: Union[None, PathLike, NetSource] = None, level: int = 0,
               conv_impl: str = "hybrid", conv_options: Optional[Mapping] = None,
-              _drop_heads: bool = False) -> CaffeNet:
+              python_layers: bool = False, _drop_heads: bool = False) -> CaffeNet:
     """Build the Keras model of a Caffe net for one phase.
 
     Args:
@@ -195,6 +195,9 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
             same net with Keras' own convolution, e.g. to compare speed; same weights).
         conv_options: extra keyword arguments for every convolution layer, e.g.
             ``{"lowering": "type1"}`` or ``{"device": "opencl:0:0"}`` for HybridConv2D.
+        python_layers: build ``Python`` layers: import each ``python_param.module`` (from the
+            prototxt's folder, then ``sys.path``) and run its class's methods. Off by default:
+            a Python layer is then an error naming the module and class.
 
     Returns:
         :class:`CaffeNet`. Its model's outputs are the blobs the heads consume followed by the
@@ -210,7 +213,7 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
     net, src = filter_net(net, phase=ph, stages=stages, level=level, source=src)
     if conv_impl not in ("hybrid", "keras"):
         raise ValueError(f"conv_impl must be 'hybrid' or 'keras', got {conv_impl!r}")
-    ctx = Ctx(src, ph, conv_impl, conv_options)
+    ctx = Ctx(src, ph, conv_impl, conv_options, python_layers=python_layers)
     blobs: Dict[str, object] = {}
     available: List[str] = []
     input_tensors: List[object] = []
@@ -390,7 +393,7 @@ def _input_shapes_arg(net, input_shape) -> Dict[str, Tuple[int, ...]]:
 
 def import_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[str] = (),
                input_shape=None, strict: bool = True, conv_impl: str = "hybrid",
-               conv_options: Optional[Mapping] = None) -> CaffeNet:
+               conv_options: Optional[Mapping] = None, python_layers: bool = False) -> CaffeNet:
     """Like :func:`load_net` but returns the :class:`CaffeNet` (model, inputs, outputs)."""
     if isinstance(prototxt, (str, os.PathLike)):
         net, source = read_net(prototxt, with_source=True)
@@ -398,7 +401,8 @@ def import_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[
         net, source = prototxt, None
     shapes = _input_shapes_arg(net, input_shape)
     built = build_net(net, phase=phase, stages=stages, input_shapes=shapes, source=source,
-                      conv_impl=conv_impl, conv_options=conv_options, _drop_heads=True)
+                      conv_impl=conv_impl, conv_options=conv_options,
+                      python_layers=python_layers, _drop_heads=True)
     if weights is not None:
         load_weights(built, weights, strict=strict, net_param=built.net_param)
     return built
@@ -406,7 +410,7 @@ def import_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[
 
 def load_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[str] = (),
              input_shape=None, strict: bool = True, conv_impl: str = "hybrid",
-             conv_options: Optional[Mapping] = None) -> keras.Model:
+             conv_options: Optional[Mapping] = None, python_layers: bool = False) -> keras.Model:
     """Import a Caffe network (and its trained weights) as a functional ``keras.Model``.
 
     Args:
@@ -418,6 +422,8 @@ def load_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[st
             blob name; needed when the prototxt gives none (or to change the image size).
         strict: a weighted layer missing from ``weights`` is an error (else a warning).
         conv_impl, conv_options: how convolutions are built (see :func:`build_net`).
+        python_layers: build ``Python`` layers by importing their modules (see
+            :func:`build_net`); without it a Python layer is an error.
 
     Returns:
         A ``keras.Model`` with channels-last inputs (one per Caffe input, named by the blob)
@@ -430,4 +436,5 @@ def load_net(prototxt, weights=None, *, phase: str = "TEST", stages: Sequence[st
             the layer, and how to fix it. Nothing is returned half-built.
     """
     return import_net(prototxt, weights, phase=phase, stages=stages, input_shape=input_shape,
-                      strict=strict, conv_impl=conv_impl, conv_options=conv_options).model
+                      strict=strict, conv_impl=conv_impl, conv_options=conv_options,
+                      python_layers=python_layers).model

@@ -11,7 +11,7 @@ from keras_cct.caffe.net import layers as cl
 from keras_cct.caffe.net.weights import keras_name
 from keras_cct.errors import CaffeFormatError
 
-__all__ = ["Ctx", "hw", "need_rank"]
+__all__ = ["Ctx", "hw", "need_rank", "conv_args"]
 
 
 class Ctx:
@@ -19,8 +19,9 @@ class Ctx:
     and line), the phase, how convolutions are built, the Caffe batch and the layer at hand."""
 
     def __init__(self, source: NetSource, phase: int, conv_impl: str = "hybrid",
-                 conv_options: Optional[Mapping] = None) -> None:
+                 conv_options: Optional[Mapping] = None, python_layers: bool = False) -> None:
         self.source = source
+        self.python_layers = bool(python_layers)  # Python layers may import their modules
         self.phase = phase
         self.conv_impl = conv_impl
         self.conv_options = dict(conv_options or {})
@@ -62,6 +63,23 @@ def hw(ctx: Ctx, p, single: str, h: str, w: str, default: Optional[int]) -> Tupl
     if not p.HasField(single) and default is None:
         raise ctx.error(f"{single} (or {h} and {w}) is required")
     return int(vals), int(vals)
+
+
+def conv_args(ctx: Ctx, p):
+    """A ConvolutionParameter's ``(num_output, kernel, stride, pad, dilation, group,
+    bias_term)`` (2-D pairs), checked."""
+    if p.axis != 1:
+        raise ctx.error(f"convolution axis {p.axis} is not supported (only 1)")
+    if not p.HasField("num_output"):
+        raise ctx.error("num_output is required")
+    k = hw(ctx, p, "kernel_size", "kernel_h", "kernel_w", None)
+    s = hw(ctx, p, "stride", "stride_h", "stride_w", 1)
+    pad = hw(ctx, p, "pad", "pad_h", "pad_w", 0)
+    if len(p.dilation) > 2:
+        raise ctx.error("dilation has more than 2 values: only 2-D is supported")
+    d = ((p.dilation[0],) * 2 if len(p.dilation) == 1 else tuple(p.dilation)
+         if len(p.dilation) == 2 else (1, 1))
+    return int(p.num_output), k, s, pad, (int(d[0]), int(d[1])), int(p.group), bool(p.bias_term)
 
 
 def need_rank(ctx: Ctx, x, rank: int, what: str) -> None:
