@@ -13,7 +13,7 @@ import keras
 
 from keras_cct.caffe.io import proto
 from keras_cct.caffe.net import layers as cl
-from keras_cct.caffe.net.context import Ctx
+from keras_cct.caffe.net.context import Ctx, conv_args
 from keras_cct.caffe.net.context import hw as _hw
 from keras_cct.caffe.net.context import need_rank as _need_rank
 from keras_cct.layers.convert import keras_conv_layers
@@ -23,25 +23,10 @@ __all__ = ["Ctx", "CONVERTERS", "ONE_TOP"]
 
 
 
-def _conv_args(ctx: Ctx, p):
-    if p.axis != 1:
-        raise ctx.error(f"convolution axis {p.axis} is not supported (only 1)")
-    if not p.HasField("num_output"):
-        raise ctx.error("num_output is required")
-    k = _hw(ctx, p, "kernel_size", "kernel_h", "kernel_w", None)
-    s = _hw(ctx, p, "stride", "stride_h", "stride_w", 1)
-    pad = _hw(ctx, p, "pad", "pad_h", "pad_w", 0)
-    if len(p.dilation) > 2:
-        raise ctx.error("dilation has more than 2 values: only 2-D is supported")
-    d = ((p.dilation[0],) * 2 if len(p.dilation) == 1 else tuple(p.dilation)
-         if len(p.dilation) == 2 else (1, 1))
-    return int(p.num_output), k, s, pad, (int(d[0]), int(d[1])), int(p.group), bool(p.bias_term)
-
-
 def _convolution(ctx, lp, xs):
     x = xs[0]
     _need_rank(ctx, x, 4, "Convolution")
-    n_out, k, s, pad, d, g, bias = _conv_args(ctx, lp.convolution_param)
+    n_out, k, s, pad, d, g, bias = conv_args(ctx, lp.convolution_param)
     if ctx.conv_impl == "keras":
         # keras.layers.Conv2D (same kernel layout), explicit padding as a ZeroPadding2D
         for layer in keras_conv_layers(n_out, k, strides=s, padding=pad, dilation_rate=d,
@@ -58,7 +43,7 @@ def _convolution(ctx, lp, xs):
 def _deconvolution(ctx, lp, xs):
     x = xs[0]
     _need_rank(ctx, x, 4, "Deconvolution")
-    n_out, k, s, pad, d, g, bias = _conv_args(ctx, lp.convolution_param)
+    n_out, k, s, pad, d, g, bias = conv_args(ctx, lp.convolution_param)
     layer = cl.CaffeDeconvolution(n_out, k, s, pad, d, g, bias, name=ctx.kname())
     return [layer(x)]
 
@@ -68,8 +53,6 @@ def _pooling(ctx, lp, xs):
     _need_rank(ctx, x, 4, "Pooling")
     p = lp.pooling_param
     pool = proto.PoolingParameter.PoolMethod.Name(p.pool)
-    if pool == "STOCHASTIC":
-        raise ctx.error("STOCHASTIC pooling is not supported", hint="use MAX or AVE")
     if p.global_pooling:
         if p.HasField("kernel_size") or p.HasField("kernel_h"):
             raise ctx.error("global_pooling and kernel_size cannot both be given")
@@ -81,7 +64,7 @@ def _pooling(ctx, lp, xs):
     if p.global_pooling and (pad != (0, 0) or s != (1, 1)):
         raise ctx.error("global pooling needs pad 0 and stride 1")
     layer = cl.CaffePooling2D(pool, k, s, pad, global_pooling=p.global_pooling,
-                              round_mode=proto.PoolingParameter.RoundMode.Name(p.round_mode),
+                              round_mode=converters_forks.pooling_round_mode(ctx, p),
                               name=ctx.kname())
     return [layer(x)]
 

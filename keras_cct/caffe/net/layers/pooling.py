@@ -1,5 +1,5 @@
-"""Caffe's windowed layers: :class:`CaffePooling2D` (MAX/AVE/global pooling with Caffe's output
-size and divisors) and :class:`CaffeLRN` (ACROSS_CHANNELS and WITHIN_CHANNEL)."""
+"""Caffe's windowed layers: :class:`CaffePooling2D` (MAX/AVE/STOCHASTIC/global pooling with
+Caffe's output size and divisors) and :class:`CaffeLRN` (ACROSS_CHANNELS and WITHIN_CHANNEL)."""
 
 from __future__ import annotations
 
@@ -33,21 +33,30 @@ def pool_output_size(size: int, kernel: int, stride: int, pad: int, *, ceil_mode
 
 @keras.saving.register_keras_serializable(package=_PKG)
 class CaffePooling2D(keras.layers.Layer):
-    """Caffe's 2-D MAX / AVE pooling on channels-last input.
+    """Caffe's 2-D MAX / AVE / STOCHASTIC pooling on channels-last input.
+
+    STOCHASTIC (Zeiler & Fergus, as Caffe's GPU kernels; inputs are expected >= 0, e.g. after
+    a ReLU): in training each window outputs one of its values, drawn with probability
+    ``x / sum(window)`` (the gradient goes to it); at inference the probability-weighted
+    average ``sum(x^2) / sum(x)`` (0 for an all-zero window). Windows ignore ``padding`` and are
+    clipped at the bottom/right edges, as Caffe's.
 
     Args:
-        pool: ``"MAX"`` or ``"AVE"``.
+        pool: ``"MAX"``, ``"AVE"`` or ``"STOCHASTIC"``.
         kernel_size, strides, padding: ints or ``(h, w)`` (symmetric padding, as in Caffe).
         global_pooling: pool over the whole image (kernel = input size).
-        round_mode: ``"CEIL"`` (Caffe's default) or ``"FLOOR"``.
+        round_mode: ``"CEIL"`` (Caffe's default) or ``"FLOOR"`` (the forks' ``ceil_mode:
+            false``).
+        seed: the STOCHASTIC sampling seed (``None``: unseeded).
     """
 
     def __init__(self, pool: str = "MAX", kernel_size=2, strides=1, padding=0,
-                 global_pooling: bool = False, round_mode: str = "CEIL", **kwargs) -> None:
+                 global_pooling: bool = False, round_mode: str = "CEIL",
+                 seed: Optional[int] = None, **kwargs) -> None:
         super().__init__(**kwargs)
         pool = pool.upper()
-        if pool not in ("MAX", "AVE"):
-            raise ValueError(f"pool must be 'MAX' or 'AVE', got {pool!r}")
+        if pool not in ("MAX", "AVE", "STOCHASTIC"):
+            raise ValueError(f"pool must be 'MAX', 'AVE' or 'STOCHASTIC', got {pool!r}")
         round_mode = round_mode.upper()
         if round_mode not in ("CEIL", "FLOOR"):
             raise ValueError(f"round_mode must be 'CEIL' or 'FLOOR', got {round_mode!r}")
@@ -57,6 +66,9 @@ class CaffePooling2D(keras.layers.Layer):
         self.padding = _pair(padding, "padding")
         self.global_pooling = bool(global_pooling)
         self.round_mode = round_mode
+        self.seed = seed
+        self.seed_generator = (keras.random.SeedGenerator(seed) if pool == "STOCHASTIC"
+                               else None)
 
     def _geometry(self, h: int, w: int):
         if h is None or w is None:
@@ -92,9 +104,34 @@ class CaffePooling2D(keras.layers.Layer):
             return None
         return (kh * kw / div).reshape(oh, ow, 1)
 
-    def call(self, x):
+    def _windows(self, x, geometry):
+        """The (N, oh, ow, C, kh*kw) windows of STOCHASTIC pooling (no padding; windows past
+        the bottom/right edge are zero-filled, which changes neither sum)."""
+        kh, kw, sh, sw, _, _, oh, ow = geometry
+        h, w = x.shape[1], x.shape[2]
+        x = ops.pad(x, [[0, 0], [0, max(0, (oh - 1) * sh + kh - h)],
+                        [0, max(0, (ow - 1) * sw + kw - w)], [0, 0]])
+        parts = [x[:, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw, :]
+                 for i in range(kh) for j in range(kw)]
+        return ops.stack(parts, axis=-1)
+
+    def _stochastic(self, x, geometry, training):
+        win = self._windows(x, geometry)
+        total = ops.sum(win, axis=-1)
+        if not training:
+            safe = ops.where(total > 0, total, ops.ones_like(total))
+            return ops.where(total > 0, ops.sum(win * win, axis=-1) / safe,
+                             ops.zeros_like(total))
+        u = keras.random.uniform(ops.shape(total), dtype=x.dtype, seed=self.seed_generator)
+        hit = ops.cumsum(win, axis=-1) >= (u * total)[..., None]
+        pick = ops.argmax(ops.cast(hit, "int32"), axis=-1)
+        return ops.squeeze(ops.take_along_axis(win, pick[..., None], axis=-1), axis=-1)
+
+    def call(self, x, training=None):
         h, w = x.shape[1], x.shape[2]
         kh, kw, sh, sw, ph, pw, oh, ow = self._geometry(h, w)
+        if self.pool == "STOCHASTIC":
+            return self._stochastic(x, (kh, kw, sh, sw, ph, pw, oh, ow), bool(training))
         bottom = max(0, (oh - 1) * sh + kh - h - ph)
         right = max(0, (ow - 1) * sw + kw - w - pw)
         pads = [[0, 0], [ph, bottom], [pw, right], [0, 0]]
@@ -122,6 +159,8 @@ class CaffePooling2D(keras.layers.Layer):
         cfg.update(pool=self.pool, kernel_size=self.kernel_size, strides=self.strides,
                    padding=self.padding, global_pooling=self.global_pooling,
                    round_mode=self.round_mode)
+        if self.pool == "STOCHASTIC":
+            cfg["seed"] = self.seed
         return cfg
 
 
