@@ -9,6 +9,10 @@
 * :func:`sigmoid_cross_entropy_loss` -- ``SigmoidCrossEntropyLoss``:
   ``-sum(t * x - max(x, 0) - log(1 + exp(-|x|)))`` over the non-ignored positions, divided by the
   normalizer of ``loss_param.normalization`` (``BATCH_SIZE`` by default for this layer).
+* :func:`contrastive_loss`, :func:`hinge_loss`, :func:`infogain_loss`,
+  :func:`multinomial_logistic_loss` -- ``ContrastiveLoss``, ``HingeLoss``, ``InfogainLoss``,
+  ``MultinomialLogisticLoss``, each with Caffe's own backward where it differs from the exact
+  derivative (:func:`with_gradient_of`).
 * :func:`accuracy` -- ``Accuracy``: a position is correct when fewer than ``top_k`` classes
   score strictly higher than the label's class (ties count as correct, as in Caffe).
 * :func:`head_value` -- evaluate one loss/metric layer given its ``LayerParameter``.
@@ -22,23 +26,32 @@ Blobs are channels-last: Caffe's axis 1 (channels) of a 4-D blob is the last Ker
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import numpy as np
 from keras import ops
 
-from keras_cct.caffe.net.layout import caffe_axis
+from keras_cct.caffe.io import proto
+from keras_cct.caffe.io.binary import blob_to_array, read_binaryproto
+from keras_cct.caffe.net.layout import caffe_axis, to_caffe_layout
 from keras_cct.errors import CaffeFormatError
 
 FLT_MIN = float(np.finfo(np.float32).tiny)
+#: Caffe's ``kLOG_THRESHOLD``: probabilities are clamped to it before their log
+LOG_THRESHOLD = 1e-20
 NORMALIZATIONS = ("FULL", "VALID", "BATCH_SIZE", "NONE")
 #: the layer types evaluated as heads (outside the Keras model)
-HEAD_TYPES = ("SoftmaxWithLoss", "EuclideanLoss", "Accuracy", "SigmoidCrossEntropyLoss")
+HEAD_TYPES = ("SoftmaxWithLoss", "EuclideanLoss", "Accuracy", "SigmoidCrossEntropyLoss",
+              "ContrastiveLoss", "HingeLoss", "InfogainLoss", "MultinomialLogisticLoss")
 #: the heads that are losses (default ``loss_weight`` 1; the others default to 0)
-LOSS_TYPES = ("SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss")
+LOSS_TYPES = ("SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "ContrastiveLoss",
+              "HingeLoss", "InfogainLoss", "MultinomialLogisticLoss")
 
 __all__ = ["softmax_with_loss", "euclidean_loss", "sigmoid_cross_entropy_loss", "accuracy",
+           "contrastive_loss", "hinge_loss", "infogain_loss", "multinomial_logistic_loss",
+           "with_gradient_of", "LOG_THRESHOLD",
            "head_value", "normalization_of", "Head", "head_of", "heads_of", "HEAD_TYPES",
            "LOSS_TYPES"]
 
@@ -123,6 +136,17 @@ def _classes_last(scores, axis: int):
     return scores, axis, ndim
 
 
+def _outer_num(scores, axis: int, ndim: int) -> int:
+    """Caffe's ``outer_num`` (BATCH_SIZE's divisor) of a class-last ``scores``: the batch size
+    when the class axis was the last of a channels-last blob, else the product of the Keras
+    dimensions before ``axis``."""
+    dims = scores.shape[:1] if axis == ndim - 1 and ndim > 2 else scores.shape[:axis]
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
 def softmax_with_loss(scores, label, *, axis: int = -1, ignore_label: Optional[int] = None,
                       normalization: str = "VALID", outer_num: Optional[int] = None):
     """Caffe's ``SoftmaxWithLoss`` forward (a scalar).
@@ -144,12 +168,7 @@ def softmax_with_loss(scores, label, *, axis: int = -1, ignore_label: Optional[i
     scores, axis, ndim = _classes_last(scores, axis)
     num_classes = scores.shape[-1]
     if outer_num is None:
-        if axis == ndim - 1 and ndim > 2:
-            outer_num = int(scores.shape[0])
-        else:
-            outer_num = 1
-            for d in scores.shape[:axis]:
-                outer_num *= int(d)
+        outer_num = _outer_num(scores, axis, ndim)
     lab = ops.cast(ops.reshape(label, ops.shape(scores)[:-1]), "int32")
     logp = ops.log_softmax(ops.cast(scores, "float32"), axis=-1)
     valid = ops.ones_like(lab, dtype="float32")
@@ -207,6 +226,109 @@ def sigmoid_cross_entropy_loss(scores, target, *, ignore_label: Optional[int] = 
     return ops.sum(per) / _normalizer(normalization, count, valid, outer_num)
 
 
+def with_gradient_of(value, surrogate):
+    """``value`` in the forward pass with the gradient of ``surrogate`` (which must have the
+    same value): how a Caffe layer whose hand-written backward is not the exact derivative of
+    its forward (a clamp it ignores, an epsilon it adds) keeps Caffe's backward."""
+    return surrogate + ops.stop_gradient(value - surrogate)
+
+
+def _per_item(x):
+    """A blob as ``(num, count / num)`` in Caffe's C-major order (``x`` channels-last)."""
+    x = ops.cast(ops.convert_to_tensor(x), "float32")
+    dim = 1
+    for d in x.shape[1:]:
+        dim *= int(d)
+    return ops.reshape(to_caffe_layout(x), (-1, dim))
+
+
+def _item_labels(label):
+    return ops.cast(ops.reshape(label, (-1,)), "int32")
+
+
+def contrastive_loss(a, b, similar, *, margin: float = 1.0, legacy_version: bool = False):
+    """Caffe's ``ContrastiveLoss``: ``sum_i (y_i d_i^2 + (1 - y_i) max(margin - d_i, 0)^2)
+    / (2 N)`` with ``d_i = ||a_i - b_i||`` and ``y_i`` = ``int(similar_i) != 0``; with
+    ``legacy_version`` the dissimilar term is ``max(margin - d_i^2, 0)``. The backward is
+    Caffe's: for a dissimilar pair ``-(margin - d) / (d + 1e-4) (a - b) / N`` (Caffe adds
+    ``1e-4`` to ``d``), which is also finite at ``d = 0``."""
+    diff = _per_item(a) - _per_item(b)
+    y = ops.cast(ops.not_equal(_item_labels(ops.cast(similar, "float32")), 0), "float32")
+    dist_sq = ops.sum(ops.square(diff), axis=1)
+    n = int(diff.shape[0]) if diff.shape[0] is not None else ops.shape(diff)[0]
+    if legacy_version:
+        dissimilar = ops.maximum(margin - dist_sq, 0.0)
+    else:
+        dist = ops.sqrt(ops.stop_gradient(dist_sq))
+        mdist = ops.maximum(margin - dist, 0.0)
+        # value mdist^2; gradient -2 mdist / (d + 1e-4) * diff, through 0.5 * ||diff||^2
+        coeff = ops.stop_gradient(-2.0 * mdist / (dist + 1e-4))
+        half_sq = 0.5 * dist_sq
+        dissimilar = ops.square(mdist) + coeff * (half_sq - ops.stop_gradient(half_sq))
+    per = y * dist_sq + (1.0 - y) * dissimilar
+    return ops.sum(per) / (2.0 * ops.cast(n, "float32"))
+
+
+def hinge_loss(scores, label, *, norm: str = "L1"):
+    """Caffe's ``HingeLoss``: with ``t_ij = 1`` for the label and ``-1`` otherwise, ``L1``
+    ``sum max(0, 1 - t x) / N``, ``L2`` ``sum max(0, 1 - t x)^2 / N`` (each item's values
+    flattened in Caffe's order; the label indexes them)."""
+    if norm not in ("L1", "L2"):
+        raise CaffeFormatError(f"unknown hinge loss norm {norm!r}", hint="use L1 or L2")
+    x = _per_item(scores)
+    dim = int(x.shape[1])
+    sign = 1.0 - 2.0 * ops.one_hot(_item_labels(label), dim, dtype="float32")
+    margin = ops.maximum(1.0 + sign * x, 0.0)
+    total = ops.sum(margin) if norm == "L1" else ops.sum(ops.square(margin))
+    return total / ops.cast(ops.shape(x)[0], "float32")
+
+
+def multinomial_logistic_loss(prob, label):
+    """Caffe's ``MultinomialLogisticLoss``: ``-sum log(max(p[label], 1e-20)) / N`` on
+    probabilities (each item flattened in Caffe's order); the backward is Caffe's
+    ``-1 / (N max(p, 1e-20))`` at the label, also below the threshold."""
+    p = _per_item(prob)
+    picked = ops.sum(p * ops.one_hot(_item_labels(label), int(p.shape[1]), dtype="float32"),
+                     axis=1)
+    clamped = with_gradient_of(ops.maximum(picked, LOG_THRESHOLD), picked)
+    return -ops.sum(ops.log(clamped)) / ops.cast(ops.shape(p)[0], "float32")
+
+
+def infogain_loss(scores, label, infogain, *, axis: int = -1,
+                  ignore_label: Optional[int] = None, normalization: str = "VALID"):
+    """Caffe's ``InfogainLoss`` (BVLC master: softmax inside): ``p = softmax(scores)`` over
+    ``axis`` (Keras numbering), then ``-sum_l H[label, l] log(max(p_l, 1e-20))`` summed over
+    the non-ignored positions and divided by the normalizer of ``normalization``. The backward
+    is Caffe's ``p * sum_l H[label, l] - H[label, :]`` (the clamp ignored).
+
+    Args:
+        infogain: the ``(K, K)`` matrix ``H`` (any shape with ``K * K`` values); no gradient.
+    """
+    if normalization not in NORMALIZATIONS:
+        raise CaffeFormatError(f"unknown loss normalization {normalization!r}",
+                               hint=f"use one of {', '.join(NORMALIZATIONS)}")
+    scores, axis, ndim = _classes_last(scores, axis)
+    k = int(scores.shape[-1])
+    h = ops.reshape(ops.stop_gradient(ops.cast(infogain, "float32")), (k, k))
+    lab = ops.cast(ops.reshape(label, ops.shape(scores)[:-1]), "int32")
+    valid = None
+    safe = lab
+    if ignore_label is not None:
+        valid = ops.cast(ops.not_equal(lab, int(ignore_label)), "float32")
+        safe = ops.where(ops.equal(lab, int(ignore_label)), ops.zeros_like(lab), lab)
+    logp = ops.log_softmax(ops.cast(scores, "float32"), axis=-1)
+    logp = with_gradient_of(ops.maximum(logp, float(np.log(LOG_THRESHOLD))), logp)
+    rows = ops.take(h, safe, axis=0)  # H[label, :] per position
+    per = -ops.sum(rows * logp, axis=-1)
+    if valid is not None:
+        per = per * valid
+    count = 1
+    for d in scores.shape[:-1]:
+        count *= int(d)
+    return ops.sum(per) / _normalizer(normalization, count, valid,
+                                      _outer_num(scores, axis, ndim))
+
+
 def accuracy(scores, label, *, top_k: int = 1, axis: int = -1,
              ignore_label: Optional[int] = None):
     """Caffe's ``Accuracy``: the fraction of (non-ignored) positions where fewer than ``top_k``
@@ -228,6 +350,68 @@ def accuracy(scores, label, *, top_k: int = 1, axis: int = -1,
     better = ops.sum(ops.cast(ops.greater(s, label_score), "float32"), axis=-1)
     correct = ops.cast(ops.less(better, float(top_k)), "float32") * valid
     return ops.sum(correct) / ops.maximum(ops.sum(valid), 1.0)
+
+
+def _need_bottoms(what: str, bottoms, counts, name) -> None:
+    if len(bottoms) not in counts:
+        raise CaffeFormatError(f"{what} needs {' or '.join(map(str, counts))} bottoms, has "
+                               f"{len(bottoms)}", layer=name)
+
+
+def _contrastive_head(lp, bottoms, name):
+    _need_bottoms("ContrastiveLoss (a, b, similar)", bottoms, (3,), name)
+    p = lp.contrastive_loss_param if lp is not None else None
+    return contrastive_loss(*bottoms, margin=float(p.margin) if p is not None else 1.0,
+                            legacy_version=bool(p.legacy_version) if p is not None else False)
+
+
+def _hinge_head(lp, bottoms, name):
+    _need_bottoms("HingeLoss (scores, label)", bottoms, (2,), name)
+    norm = "L1"
+    if lp is not None:
+        norm = proto.HingeLossParameter.Norm.Name(lp.hinge_loss_param.norm)
+    return hinge_loss(bottoms[0], bottoms[1], norm=norm)
+
+
+def _multinomial_head(lp, bottoms, name):
+    _need_bottoms("MultinomialLogisticLoss (probabilities, label)", bottoms, (2,), name)
+    return multinomial_logistic_loss(bottoms[0], bottoms[1])
+
+
+@functools.lru_cache(maxsize=16)
+def _infogain_matrix(path: str) -> np.ndarray:
+    return blob_to_array(read_binaryproto(path))
+
+
+def _infogain_head(lp, bottoms, name):
+    _need_bottoms("InfogainLoss (scores, label[, H])", bottoms, (2, 3), name)
+    p = lp.infogain_loss_param if lp is not None else None
+    loss_param = lp.loss_param if lp is not None else None
+    if loss_param is not None and loss_param.HasField("normalize"):
+        raise CaffeFormatError("InfogainLoss: loss_param normalize is deprecated (Caffe "
+                               "refuses it)", layer=name, hint="use loss_param { normalization: "
+                               "VALID } (or FULL, BATCH_SIZE, NONE)")
+    if len(bottoms) == 3:
+        h = bottoms[2]
+    elif p is None or not p.source:
+        raise CaffeFormatError("InfogainLoss needs its matrix H: a third bottom or "
+                               "infogain_loss_param { source: \"H.binaryproto\" }", layer=name)
+    else:
+        h = _infogain_matrix(str(p.source))
+    k_axis = caffe_axis(int(p.axis) if p is not None else 1, len(bottoms[0].shape))
+    k = int(bottoms[0].shape[k_axis])
+    n_h = int(np.prod(tuple(h.shape)))
+    if n_h != k * k:
+        raise CaffeFormatError(f"InfogainLoss: H has {n_h} values, it must be {k}x{k} (the "
+                               f"number of classes squared)", layer=name)
+    ignore = (int(loss_param.ignore_label)
+              if loss_param is not None and loss_param.HasField("ignore_label") else None)
+    return infogain_loss(bottoms[0], bottoms[1], h, axis=k_axis, ignore_label=ignore,
+                         normalization=normalization_of(loss_param))
+
+
+_BVLC_LOSSES = {"ContrastiveLoss": _contrastive_head, "HingeLoss": _hinge_head,
+                "MultinomialLogisticLoss": _multinomial_head, "InfogainLoss": _infogain_head}
 
 
 def head_value(layer_type: str, layer_param, bottoms: Sequence):
@@ -270,6 +454,8 @@ def head_value(layer_type: str, layer_param, bottoms: Sequence):
         return sigmoid_cross_entropy_loss(
             bottoms[0], bottoms[1], ignore_label=ignore,
             normalization=normalization_of(loss_param, default="BATCH_SIZE"))
+    if layer_type in _BVLC_LOSSES:
+        return _BVLC_LOSSES[layer_type](lp, list(bottoms), name)
     if layer_type == "Accuracy":
         if len(bottoms) < 2:
             raise CaffeFormatError("Accuracy needs 2 bottoms (scores, label)", layer=name)
