@@ -429,10 +429,11 @@ class Net:
                              for v in self._seed_generators()]
         cur = {b: keras.ops.convert_to_tensor(from_caffe_layout(self.blobs[b].data))
                for b in self._reads(lo, hi)}
-        fed = set(cur)
         cur = self._run(lo, hi, cur)
+        written = {t for s in self._steps[lo:hi + 1] if s.kind not in ("input", "data")
+                   for t in s.tops}
         for name, value in cur.items():
-            if name not in fed:
+            if name in written:
                 self.blobs[name]._store(to_caffe_layout(np.asarray(
                     keras.ops.convert_to_numpy(value), np.float32)))
         return {o: self.blobs[o].data for o in outputs}
