@@ -38,6 +38,7 @@ def _tf_call(layer, args, n_bottom: int):
     def op(*a):
         outs = tf.numpy_function(layer._forward_np(n_bottom), list(a), [tf.float32] * n_top,
                                  stateful=True, name="caffe_python_layer")
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         for o, s in zip(outs, top_shapes):
             o.set_shape(s)
 
@@ -46,13 +47,15 @@ def _tf_call(layer, args, n_bottom: int):
             gs = tf.numpy_function(layer._backward_np(n_bottom, len(a)), list(a) + dys,
                                    [tf.float32] * len(a), stateful=True,
                                    name="caffe_python_layer_grad")
+            gs = list(gs) if isinstance(gs, (list, tuple)) else [gs]
             for g, src in zip(gs, a):
                 g.set_shape(src.shape)
             return list(gs)
 
-        return list(outs), grad
+        return outs, grad
 
-    return list(op(*args))
+    out = op(*args)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 # -- JAX --------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ class CaffePythonLayer(keras.layers.Layer):
         self.phase, self.search_path = int(phase), search_path
         self.num_tops, self.batch_hint = int(num_tops), batch_hint
         self.supports_jit = False  # a host callback: no XLA compilation
-        self._lock = threading.RLock()
+        self._host_lock = threading.RLock()
         cls = python_layer_class(self.module, self.layer, search_path)
         from keras_cct.caffe.io import proto
         lp = proto.LayerParameter(name=self.name, type="Python")
@@ -225,7 +225,7 @@ class CaffePythonLayer(keras.layers.Layer):
 
     def _top_shapes(self, bottom_shapes) -> List[Tuple[int, ...]]:
         """The tops' Caffe shapes for these bottom shapes (the object's ``reshape`` on zeros)."""
-        with self._lock:
+        with self._host_lock:
             bottom = [Blob(s) for s in bottom_shapes]
             top = [Blob() for _ in range(self.num_tops)]
             if not self._set_up:
@@ -265,7 +265,7 @@ class CaffePythonLayer(keras.layers.Layer):
     # -- the host side (numpy, Caffe order) ------------------------------------------------
     def _run(self, arrays, n_bottom: int, dys=None):
         bottoms, params = arrays[:n_bottom], arrays[n_bottom:]
-        with self._lock:
+        with self._host_lock:
             for blob, value in zip(self.impl.blobs, params):
                 blob.data = np.array(value, np.float32)
                 blob.diff = np.zeros_like(blob.data)
