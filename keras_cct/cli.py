@@ -18,6 +18,7 @@ from keras_cct._version import __version__
 COMMAND_MODULES = (
     "keras_cct.caffe.commands",
     "keras_cct.caffe.train_commands",
+    "keras_cct.caffe.tools.commands",
     "keras_cct.export.commands",
     "keras_cct.devices.commands",
     "keras_cct.benchmarks_cli",

@@ -201,3 +201,60 @@ def check_data_args(args: argparse.Namespace) -> None:
     check_output_dir(args.db, "DB")
     if args.mean:
         check_output_file(args.mean, "--mean")
+
+
+def caffe_flag(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+    """Add ``--name`` with Caffe's spellings too (gflags: ``-name``, ``--name``, words joined by
+    ``_``), so Caffe command lines work as pasted (``-solver s.prototxt``,
+    ``--sigint_effect=stop``); ``dest`` is the name with ``_``."""
+    under = name.replace("-", "_")
+    spellings = [f"--{name}"]
+    for s in (f"--{under}", f"-{under}", f"-{name}"):
+        if s not in spellings:
+            spellings.append(s)
+    kwargs.setdefault("dest", under)
+    parser.add_argument(*spellings, **kwargs)
+
+
+def weight_files(weights: Optional[str]) -> List[str]:
+    """``-weights a.caffemodel,b.caffemodel`` as a list (Caffe's ``CopyLayers`` loads them in
+    order, a later file's layers over an earlier one's); each must exist."""
+    names = [w.strip() for w in (weights or "").split(",") if w.strip()]
+    if weights is not None and not names:
+        raise KerasCCTError("--weights is empty; give a .caffemodel (or several, a,b)")
+    for w in names:
+        if not os.path.isfile(w):
+            raise DataError("weights file not found", path=w,
+                            hint="-weights takes .caffemodel files separated by commas")
+    return names
+
+
+def check_level(model: str, level: int, phase: str, stages) -> None:
+    """``cct test/time -level N``: their nets are built at level 0, so a level that selects
+    other layers of ``model`` than level 0 is refused (``cct train`` applies it)."""
+    if not level:
+        return
+    net = read_net(model)
+    a = filter_net(net, phase=phase, stages=list(stages or ()), level=level)
+    b = filter_net(net, phase=phase, stages=list(stages or ()))
+    if [lp.name for lp in a.layer] != [lp.name for lp in b.layer]:
+        raise KerasCCTError(f"-level {level}: {model} has layers whose min_level/max_level rules "
+                            f"select others at this level; `cct test/time` build level 0 "
+                            f"only (use `cct train`, whose solver applies -level)")
+
+
+def ignored_flags(args: argparse.Namespace, command: str) -> None:
+    """Caffe flags a command accepts but does not use (gflags are global, so ``caffe train``
+    ignores ``-model``...): a note on stderr for each one given."""
+    import sys
+    notes = {
+        "gpu": "keras_cct runs on the Keras backend's device (CUDA_VISIBLE_DEVICES picks the "
+               "GPU; --devices an OpenCL device; see `cct devices`)",
+        "model": "caffe train reads the net the solver names",
+        "iterations": "caffe train runs the solver's max_iter",
+    }
+    for name, why in notes.items():
+        value = getattr(args, f"ignored_{name}", None)
+        if value is not None:
+            print(f"cct {command}: note: -{name} {value} ignored: {why}", file=sys.stderr,
+                  flush=True)

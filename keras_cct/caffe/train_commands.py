@@ -25,12 +25,13 @@ from typing import List, Optional
 import numpy as np
 
 from keras_cct._args import nonneg_int, positive_int
-from keras_cct.caffe.cli_args import (check_data_args, check_one_device, check_snapshot_folder,
-                                      check_test_net, check_time_inputs, load_npz)
+from keras_cct.caffe.cli_args import (caffe_flag, check_data_args, check_level,
+                                      check_one_device, check_snapshot_folder, check_test_net,
+                                      check_time_inputs, ignored_flags, load_npz, weight_files)
 from keras_cct.caffe.cli_args import device_names as _device_names
 from keras_cct.caffe.cli_args import parse_shapes as _parse_shapes
-from keras_cct.caffe.io.binary import write_binaryproto
-from keras_cct.caffe.io.lmdb_io import DatumReader, convert_imageset, write_arrays
+from keras_cct.caffe.io.lmdb_io import convert_imageset, write_arrays
+from keras_cct.caffe.tools.signals import EFFECTS, SignalHandler
 from keras_cct.caffe.train.data import merge_batches
 from keras_cct.errors import DataError, KerasCCTError
 
@@ -155,6 +156,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.weights and args.snapshot:
         raise KerasCCTError("give either --weights or --snapshot, not both "
                             "(caffe train refuses both too)")
+    ignored_flags(args, "train")
+    weights = weight_files(args.weights)
+    signals = SignalHandler(args.sigint_effect, args.sighup_effect)
     names = _device_names(args.devices)
     if args.split is not None and len(names) < 2:
         raise KerasCCTError(f"--split {args.split} splits a batch across several --devices "
@@ -179,10 +183,17 @@ def _train(args: argparse.Namespace) -> int:
             raise
         except ValueError as exc:
             raise KerasCCTError(f"--devices {args.devices}: {exc}") from None
-    from keras_cct.caffe.train.solver import load_solver
-    solver = load_solver(args.solver, weights=args.weights, progress=args.progress,
-                         snapshot_prefix=args.snapshot_prefix, strategy=strategy, cluster=mwms,
-                         shares=shares)
+    from keras_cct.caffe.train.config import read_solver
+    from keras_cct.caffe.train.solver import Solver
+    config = read_solver(args.solver)
+    # caffe train: -level sets the TRAIN state's level, -stage adds its stages
+    config.param.train_state.level = args.level
+    config.param.train_state.stage.extend(_stages(args.stage))
+    solver = Solver(config, progress=args.progress, snapshot_prefix=args.snapshot_prefix,
+                    strategy=strategy, cluster=mwms, shares=shares)
+    for w in weights:  # Caffe's CopyLayers: each file in order
+        solver.log(f"Finetuning from {w}")
+        solver.load_weights(w)
     check_snapshot_folder(solver)
     one_device = args.devices if len(names) == 1 else None
     for m in [solver.train_model.net] + [t.net for t in solver.test_nets]:
@@ -192,7 +203,9 @@ def _train(args: argparse.Namespace) -> int:
             solver.train_model.compile(optimizer=solver.optimizer, jit_compile="auto")
     t0 = time.perf_counter()
     try:
-        solver.solve(resume_file=args.snapshot)
+        with signals:
+            solver.set_action_function(signals.requested_action)
+            solver.solve(resume_file=args.snapshot)
     except Exception as exc:
         if mwms is None or not _is_tf_op_error(exc):
             raise
@@ -212,8 +225,21 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stages(items) -> List[str]:
+    """``-stage a,b`` (Caffe's comma-separated list; ``--stage`` may also repeat)."""
+    return [s.strip() for item in items or () for s in item.split(",") if s.strip()]
+
+
+def _caffe_net_args(args: argparse.Namespace, command: str) -> None:
+    """``cct test/time``: Caffe's comma-separated stages, -level, the flags they ignore."""
+    args.stage = _stages(args.stage)
+    ignored_flags(args, command)
+    check_level(args.model, args.level, args.phase, args.stage)
+
+
 def _test(args: argparse.Namespace) -> int:
     from keras_cct.caffe.train.model import build_phase_net, run_test
+    _caffe_net_args(args, "test")
     check_test_net(args)
     check_one_device(args.devices)
     model, sources, _ = build_phase_net(args.model, phase=args.phase,
@@ -255,6 +281,7 @@ def _time(args: argparse.Namespace) -> int:
     import keras  # lazily, as every Keras import of the cct commands
 
     from keras_cct.lowering.timing import block, layer_steps
+    _caffe_net_args(args, "time")
     shapes = _parse_shapes(args.input_shape)
     random_data = check_time_inputs(args, shapes)  # a deploy net: random data, as caffe time
     check_one_device(args.devices)
@@ -360,21 +387,9 @@ def _data(args: argparse.Namespace) -> int:
                              overwrite=args.overwrite)
     print(f"Processed {n} files.", flush=True)
     if args.mean:
-        total = None
-        count = 0
-        with DatumReader(args.db) as reader:
-            for key, arr, _ in reader.arrays():
-                a = arr.astype(np.float64)
-                if total is None:
-                    total = a
-                elif a.shape != total.shape:
-                    raise DataError(f"record has shape {a.shape}, the first {total.shape}: the "
-                                    f"mean needs one size", path=args.db, layer=f"record {key!r}")
-                else:
-                    total += a
-                count += 1
-        mean = (total / count).transpose(2, 0, 1)[None]  # (1, C, H, W) as compute_image_mean
-        write_binaryproto(args.mean, mean.astype(np.float32))
+        from keras_cct.caffe.tools.mean import db_mean, write_mean
+        mean, _ = db_mean(args.db)  # (1, C, H, W) as compute_image_mean
+        write_mean(args.mean, mean)
         print(f"Wrote the mean image to {args.mean}", flush=True)
     return 0
 
@@ -386,15 +401,31 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                                      "(default: the Keras backend's)")
 
 
+def _add_ignored(p: argparse.ArgumentParser, names) -> None:
+    """Caffe flags accepted (Caffe command lines work as pasted) but not used by this command:
+    see :func:`keras_cct.caffe.cli_args.ignored_flags`."""
+    for name in names:
+        caffe_flag(p, name, dest=f"ignored_{name}", help=argparse.SUPPRESS)
+
+
 def register(subparsers) -> None:
     """Add ``train``, ``test``, ``time`` and ``data`` to the ``cct`` parser."""
     p = subparsers.add_parser("train", help="train a Caffe net from its solver "
                                             "(like `caffe train`)")
-    p.add_argument("--solver", required=True, help="the solver .prototxt")
-    p.add_argument("--weights", help="a .caffemodel to start from (fine-tuning)")
-    p.add_argument("--snapshot", help="a .solverstate to resume from")
-    p.add_argument("--snapshot-prefix", dest="snapshot_prefix",
-                   help="override the solver's snapshot_prefix")
+    caffe_flag(p, "solver", required=True, help="the solver .prototxt")
+    caffe_flag(p, "weights", help="the .caffemodel(s) to start from (fine-tuning): a,b loads "
+                                  "each in order, as caffe train")
+    caffe_flag(p, "snapshot", help="a .solverstate to resume from")
+    caffe_flag(p, "snapshot-prefix", help="override the solver's snapshot_prefix")
+    caffe_flag(p, "stage", action="append",
+               help="stages of the TRAIN net state (a,b or repeated)")
+    caffe_flag(p, "level", type=int, default=0, help="level of the TRAIN net state")
+    caffe_flag(p, "sigint-effect", default="stop", choices=EFFECTS,
+               help="on SIGINT (Ctrl-C): stop (default: end training; the final snapshot is "
+                    "written as after max_iter), snapshot, or none")
+    caffe_flag(p, "sighup-effect", default="snapshot", choices=EFFECTS,
+               help="on SIGHUP: snapshot (default), stop, or none")
+    _add_ignored(p, ("gpu", "model", "iterations"))
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     p.add_argument("--lowering", choices=["auto", "type1", "type2", "type3", "native"],
                    help="force one lowering for every convolution (default: the planner's)")
@@ -418,23 +449,27 @@ def register(subparsers) -> None:
     p.set_defaults(func=_train)
 
     p = subparsers.add_parser("test", help="score a trained Caffe net (like `caffe test`)")
-    p.add_argument("--model", required=True, help="the net .prototxt (with data layers)")
-    p.add_argument("--weights", required=True, help="the trained .caffemodel")
-    p.add_argument("--iterations", type=positive_int, default=50,
-                   help="batches to run (default 50)")
-    p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
-    p.add_argument("--stage", action="append", help="a net stage (repeatable)")
+    caffe_flag(p, "model", required=True, help="the net .prototxt (with data layers)")
+    caffe_flag(p, "weights", required=True, help="the trained .caffemodel")
+    caffe_flag(p, "iterations", type=positive_int, default=50,
+               help="batches to run (default 50)")
+    caffe_flag(p, "phase", default="TEST", choices=["TRAIN", "TEST"])
+    caffe_flag(p, "stage", action="append", help="net stages (a,b or repeated)")
+    caffe_flag(p, "level", type=int, default=0, help="the net state's level")
+    _add_ignored(p, ("gpu",))
     _add_device_args(p)
     p.set_defaults(func=_test)
 
     p = subparsers.add_parser("time", help="per-layer forward/backward times "
                                            "(like `caffe time`)")
-    p.add_argument("--model", required=True, help="the net .prototxt")
-    p.add_argument("--weights", help="a .caffemodel (optional)")
-    p.add_argument("--iterations", type=positive_int, default=50,
-                   help="repetitions (default 50)")
-    p.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
-    p.add_argument("--stage", action="append", help="a net stage (repeatable)")
+    caffe_flag(p, "model", required=True, help="the net .prototxt")
+    caffe_flag(p, "weights", help="a .caffemodel (optional)")
+    caffe_flag(p, "iterations", type=positive_int, default=50,
+               help="repetitions (default 50)")
+    caffe_flag(p, "phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    caffe_flag(p, "stage", action="append", help="net stages (a,b or repeated)")
+    caffe_flag(p, "level", type=int, default=0, help="the net state's level")
+    _add_ignored(p, ("gpu",))
     p.add_argument("--batch", type=positive_int, help="batch size for inputs without a data layer")
     p.add_argument("--random-data", dest="random_data", action="store_true",
                    help="feed random arrays instead of reading the data layers' sources")

@@ -128,13 +128,15 @@ class Solver:
             self.log(f"Removed {tmp}, left by an interrupted snapshot")
 
         # TRAIN net and its data
-        self.train_param = self._filter(self.net_param, "TRAIN", list(p.train_state.stage))
+        self.train_param = self._filter(self.net_param, "TRAIN", list(p.train_state.stage),
+                                        int(p.train_state.level))
         self.train_sources = net_data_sources(self.train_param, phase="TRAIN",
                                               base_dirs=config.base_dirs, seed=self._seed,
                                               arrays=arrays)
         with self.scope():
             self.train_net = self._build_net(self.train_param, "TRAIN",
-                                             list(p.train_state.stage), self.train_sources)
+                                             list(p.train_state.stage), self.train_sources,
+                                             int(p.train_state.level))
             self.train_model = CaffeTrainModel(
                 self.train_net.model, self._heads(self.train_net, self.train_param),
                 output_blobs(self.train_net), input_blobs(self.train_net), name="train_net")
@@ -148,11 +150,13 @@ class Solver:
                                    hint="give one test_iter per test_net")
         for i in range(n_tests):
             stages = list(p.test_state[i].stage) if i < len(p.test_state) else []
-            tp = self._filter(separate[i] if separate else self.net_param, "TEST", stages)
+            level = int(p.test_state[i].level) if i < len(p.test_state) else 0
+            tp = self._filter(separate[i] if separate else self.net_param, "TEST", stages,
+                              level)
             srcs = net_data_sources(tp, phase="TEST", base_dirs=config.base_dirs,
                                     seed=self._seed, arrays=test_arrays)
             with self.scope(train=False):
-                tnet = self._build_net(tp, "TEST", stages, srcs)
+                tnet = self._build_net(tp, "TEST", stages, srcs, level)
             self.test_params.append(tp)
             self.test_sources.append(srcs)
             self.test_nets.append(CaffeTrainModel(tnet.model, self._heads(tnet, tp),
@@ -188,6 +192,8 @@ class Solver:
         self.images_per_second = 0.0
         self.train_seconds = 0.0
         self.last_test: Optional[Tuple[int, int, Dict[str, float]]] = None
+        self._action_function: Optional[Callable[[], str]] = None
+        self.requested_early_exit = False
 
     def scope(self, train: bool = True):
         """The context the nets are built and compiled in: the cluster's scope (TRAIN net only;
@@ -244,12 +250,13 @@ class Solver:
         return nets
 
     @staticmethod
-    def _filter(net_param, phase: str, stages: List[str]):
-        return filter_net(net_param, phase=phase, stages=stages)
+    def _filter(net_param, phase: str, stages: List[str], level: int = 0):
+        return filter_net(net_param, phase=phase, stages=stages, level=level)
 
-    def _build_net(self, net_param, phase, stages, sources: Sequence[DataSource]):
+    def _build_net(self, net_param, phase, stages, sources: Sequence[DataSource],
+                   level: int = 0):
         return build_net(net_param, phase=phase, stages=tuple(stages),
-                         input_shapes=data_shapes(sources))
+                         input_shapes=data_shapes(sources), level=level)
 
     def _heads(self, net, net_param) -> List[Head]:
         return list(net.heads) or heads_of(net_param)
@@ -400,6 +407,16 @@ class Solver:
         self._batches = self._train_batches(self.iter * iter_size)
 
     # -- training -----------------------------------------------------------------------------
+    def set_action_function(self, func: Optional[Callable[[], str]]) -> None:
+        """Caffe's ``SetActionFunction``: ``func()`` is called after each iteration and returns
+        ``"stop"`` (end training there: :meth:`solve` then writes its final snapshot as after
+        ``max_iter``), ``"snapshot"`` (write one now) or ``"none"``; ``cct train`` connects it
+        to SIGINT/SIGHUP (:class:`keras_cct.caffe.tools.signals.SignalHandler`)."""
+        self._action_function = func
+
+    def _requested_action(self) -> str:
+        return self._action_function() if self._action_function is not None else "none"
+
     def _train_batches(self, skip: int):
         """The TRAIN batches from mini-batch ``skip`` on, prefetched in a background thread
         (each source skips ``skip`` modulo its record period, so resuming at any iteration
@@ -478,11 +495,15 @@ class Solver:
             self.iter += 1
             if bar is not None:
                 bar.update(1)
-            if p.snapshot and self.iter % p.snapshot == 0:
+            request = self._requested_action()
+            if (p.snapshot and self.iter % p.snapshot == 0) or request == "snapshot":
                 t0 = time.perf_counter()
                 self.snapshot()
                 side_seconds += time.perf_counter() - t0
                 t_last += time.perf_counter() - t0
+            if request == "stop":
+                self.requested_early_exit = True
+                break
         if bar is not None:
             bar.close()
         elapsed = time.perf_counter() - t_start - side_seconds
@@ -523,9 +544,13 @@ class Solver:
         self.log(f"Learning Rate Policy: {self.config.lr_policy}")
         if resume_file:
             self.restore(resume_file)
+        self.requested_early_exit = False
         self.step(max(p.max_iter - self.iter, 0))
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
+        if self.requested_early_exit:
+            self.log("Optimization stopped early.")
+            return
         if p.test_interval and self.iter % p.test_interval == 0 and self.is_chief:
             self.test_all()
         self.log("Optimization Done.")
