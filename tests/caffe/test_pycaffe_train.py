@@ -1,0 +1,203 @@
+"""pycaffe's backward and solvers: Net.backward's blob and param diffs against central finite
+differences of the forward loss (float64 sums of float32 runs), and a pycaffe solver loop
+(``step``) against the Solver's own run and against SGD on backward's gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras_cct.caffe as caffe
+from keras_cct.caffe import load_solver
+
+NET = """
+name: "tiny"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 3 dim: 2 dim: 5 dim: 5 } shape { dim: 3 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "gaussian" std: 0.5 }
+                            bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "act1" type: "TanH" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param { pool: AVE kernel_size: 2 stride: 1 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1"
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss"
+        loss_weight: 2 }
+"""
+
+
+@pytest.fixture
+def net(tmp_path):
+    (tmp_path / "net.prototxt").write_text(NET)
+    n = caffe.Net(str(tmp_path / "net.prototxt"), caffe.TRAIN)
+    rng = np.random.default_rng(0)
+    n.blobs["data"].data[...] = rng.normal(size=(3, 2, 5, 5))
+    n.blobs["label"].data[...] = [0, 3, 1]
+    return n
+
+
+def _loss(net) -> float:
+    return float(np.asarray(net.forward()["loss"], np.float64))
+
+
+def _fd(net, array, idx, h=1e-2) -> float:
+    old = float(array[idx])
+    array[idx] = old + h
+    up = _loss(net)
+    array[idx] = old - h
+    down = _loss(net)
+    array[idx] = old
+    return (up - down) / (2 * h)
+
+
+def test_backward_diffs_match_finite_differences(net):
+    out = net.forward()
+    assert set(out) == {"loss"} and net.blobs["loss"].diff == 2.0  # loss_weight
+    diffs = net.backward()
+    assert set(diffs) == {"data", "label"}
+    rng = np.random.default_rng(1)
+    checks = [("param", "conv1", 0), ("param", "conv1", 1), ("param", "ip1", 0),
+              ("param", "ip1", 1), ("blob", "data", None)]
+    for kind, name, i in checks:
+        if kind == "param":
+            data, diff = net.params[name][i].data, net.params[name][i].diff.copy()
+        else:
+            data, diff = net.blobs[name].data, net.blobs[name].diff.copy()
+        assert np.abs(diff).max() > 0, name
+        for _ in range(4):
+            idx = tuple(int(rng.integers(0, d)) for d in data.shape)
+            # the loss blob holds the unweighted loss; its diff (loss_weight 2) scales the
+            # gradient, as Caffe's loss layers do
+            fd = 2.0 * _fd(net, data, idx)
+            assert abs(fd - diff[idx]) <= 2e-3 + 2e-2 * abs(fd), (name, i, idx, fd, diff[idx])
+    # the in-place TanH: blob conv1's diff is the gradient at the convolution's output
+    net.forward()
+    net.clear_param_diffs()
+    net.backward()
+    w, b = net.params["conv1"][0].data, net.params["conv1"][1].diff
+    np.testing.assert_allclose(b, net.blobs["conv1"].diff.sum(axis=(0, 2, 3)), rtol=1e-4,
+                               atol=1e-6)
+    # Caffe accumulates param diffs: a second backward doubles them
+    first = net.params["ip1"][0].diff.copy()
+    net.backward()
+    np.testing.assert_allclose(net.params["ip1"][0].diff, 2 * first, rtol=1e-5)
+    net.clear_param_diffs()
+    assert not np.any(net.params["ip1"][0].diff)
+    assert w.shape == (3, 2, 3, 3)
+
+
+def test_backward_from_given_top_diffs_and_range(net):
+    """backward(start=, end=) with a given top diff: the bottoms' diff is the vector-Jacobian
+    product of the layers in between (checked by finite differences)."""
+    net.forward()
+    rng = np.random.default_rng(2)
+    seed = rng.normal(size=net.blobs["pool1"].shape).astype(np.float32)
+    net.blobs["pool1"].diff[...] = seed
+    net.clear_param_diffs()
+    got = net.backward(start="pool1", end="conv1")
+    assert set(got) == {"data"}
+    x = net.blobs["data"].data
+
+    def f():
+        net.forward(end="pool1")
+        return float(np.sum(net.blobs["pool1"].data.astype(np.float64) * seed))
+
+    for _ in range(4):
+        idx = tuple(int(rng.integers(0, d)) for d in x.shape)
+        old = float(x[idx])
+        x[idx] = old + 1e-2
+        up = f()
+        x[idx] = old - 1e-2
+        down = f()
+        x[idx] = old
+        fd = (up - down) / 2e-2
+        assert abs(fd - got["data"][idx]) <= 2e-3 + 2e-2 * abs(fd)
+    assert not np.any(net.params["ip1"][0].diff)  # ip1 is outside the range
+    assert np.any(net.params["conv1"][0].diff)
+
+
+SOLVER_NET = """
+name: "tiny_train"
+layer { name: "feed" type: "MemoryData" top: "data" top: "label"
+        memory_data_param { batch_size: 4 channels: 2 height: 5 width: 5 } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        param { lr_mult: 1 } param { lr_mult: 2 }
+        convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "ip1" type: "InnerProduct" bottom: "conv1" top: "ip1"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
+"""
+
+
+def _solver_files(tmp_path, extra=""):
+    (tmp_path / "net.prototxt").write_text(SOLVER_NET)
+    path = tmp_path / "solver.prototxt"
+    path.write_text(f'net: "net.prototxt" base_lr: 0.1 lr_policy: "fixed" max_iter: 10 '
+                    f'display: 0 snapshot_prefix: "{tmp_path}/snap" random_seed: 5 {extra}')
+    rng = np.random.default_rng(0)
+    arrays = {"data": rng.normal(size=(4, 5, 5, 2)).astype(np.float32),
+              "label": np.array([0, 1, 2, 1], np.float32)}
+    return str(path), arrays
+
+
+def test_solver_step_matches_sgd_on_backward_gradient(tmp_path):
+    path, arrays = _solver_files(tmp_path)
+    solver = caffe.SGDSolver(path, arrays=arrays, log=lambda line: None)
+    net = solver.net
+    assert solver.iter == 0 and solver.type == "SGD"
+    out = net.forward()  # the one batch the MemoryData layer cycles through
+    assert out["loss"] > 0
+    net.clear_param_diffs()
+    net.backward()
+    before = {k: [b.data.copy() for b in v] for k, v in net.params.items()}
+    grads = {k: [b.diff.copy() for b in v] for k, v in net.params.items()}
+    solver.step(1)
+    assert solver.iter == 1
+    for k, blobs in net.params.items():
+        for i, b in enumerate(blobs):
+            assert np.abs(grads[k][i]).max() > 0, (k, i)
+            lr = 0.1 * (2 if (k == "conv1" and i == 1) else 1)  # lr_mult
+            np.testing.assert_allclose(b.data, before[k][i] - lr * grads[k][i], rtol=1e-4,
+                                       atol=1e-6, err_msg=f"{k}[{i}]")
+
+
+def test_solver_loop_matches_the_solvers_own_run_and_sees_edits(tmp_path):
+    path, arrays = _solver_files(tmp_path, "momentum: 0.9 weight_decay: 0.01")
+    mine = caffe.get_solver(path, arrays=arrays, log=lambda line: None)
+    ref = load_solver(path, arrays=arrays, log=lambda line: None)
+    # the same starting weights, one of them set through net.params (Caffe's layout)
+    w = np.random.default_rng(9).normal(size=(3, 2, 3, 3)).astype(np.float32)
+    mine.net.params["conv1"][0].data[...] = w
+    ref.train_net.model.get_layer("conv1").set_weights(
+        [w.transpose(2, 3, 1, 0), mine.net.params["conv1"][1].data.copy()])
+    ref.train_net.model.get_layer("ip1").set_weights(
+        [mine.net.params["ip1"][0].data.copy(), mine.net.params["ip1"][1].data.copy()])
+    for _ in range(3):
+        mine.step(2)
+    ref.step(6)
+    assert mine.iter == ref.iter == 6
+    got = mine.net.params["conv1"][0].data
+    want = ref.train_net.model.get_layer("conv1").get_weights()[0].transpose(3, 2, 0, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.abs(got - w).max() > 1e-3  # it trained
+    np.testing.assert_allclose(mine.net.params["ip1"][0].data,
+                               ref.train_net.model.get_layer("ip1").get_weights()[0],
+                               rtol=1e-5, atol=1e-6)
+    mine.snapshot()
+    assert (tmp_path / "snap_iter_6.caffemodel").exists()
+    assert (tmp_path / "snap_iter_6.solverstate").exists()
+    again = caffe.SGDSolver(path, arrays=arrays, log=lambda line: None)
+    again.restore(str(tmp_path / "snap_iter_6.solverstate"))
+    assert again.iter == 6
+    np.testing.assert_allclose(again.net.params["conv1"][0].data, got, rtol=1e-6)
+
+
+def test_mode_functions():
+    caffe.set_mode_cpu()
+    caffe.set_device(0)
+    with pytest.warns(UserWarning, match="Keras backend's devices"):
+        caffe.set_mode_gpu()
+    with pytest.raises(ValueError, match="device id"):
+        caffe.set_device(-1)
