@@ -76,6 +76,21 @@ def _flat_static(x, size: int):
     return ops.reshape(to_caffe_layout(x), (-1, size))
 
 
+def _scan(step, init, xs):
+    """``(last state, stacked h)`` of ``step`` over the time axis: ``keras.ops.scan`` (T may be
+    dynamic: it is the Keras batch axis), a plain Python loop on PyTorch (eager, T known;
+    Keras' scan there is such a loop too, with more bookkeeping). The steps return their states as outputs (TF's scan
+    wants the carry's structure), h first."""
+    if keras.backend.backend() != "torch":
+        last, ys = ops.scan(step, init, xs)
+        return last, ys[0]
+    carry, hs = init, []
+    for t in range(int(xs[0].shape[0])):
+        carry, _ = step(carry, tuple(x[t] for x in xs))
+        hs.append(carry[0])
+    return carry, ops.stack(hs)
+
+
 class _Recurrent(keras.layers.Layer):
     """The parts LSTM and RNN share: config, input unpacking, the scan, output layouts."""
 
@@ -169,9 +184,8 @@ class _Recurrent(keras.layers.Layer):
             xw_t, cont_t = inp
             return self._step(carry, xw_t, cont_t[:, None], w_h)
 
-        # the steps' outputs are their states (TF's scan wants the carry's structure): h first
-        last, ys = ops.scan(step, init, (xw, cont))
-        ys = self._outputs(ys[0])
+        last, hs = _scan(step, init, (xw, cont))
+        ys = self._outputs(hs)
         out = from_caffe_layout(ys)
         if not self.expose_hidden:
             return out
