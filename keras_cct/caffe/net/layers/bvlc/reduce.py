@@ -35,11 +35,22 @@ def reduced_keras_axes(axis: int, rank: int) -> Tuple[int, ...]:
 
 def _top_k_last(x, k: int):
     """``(values, indices)`` of the ``k`` largest along the last axis, ties broken as Caffe's
-    ``std::partial_sort`` with ``std::greater<pair<value, index>>``: the larger index first."""
+    ``std::partial_sort`` with ``std::greater<pair<value, index>>``: the larger index first
+    (the same on every backend: ``k`` rounds of max, then the largest index holding it)."""
     n = int(x.shape[-1])
-    rev = ops.flip(x, axis=-1)
-    vals, idx = ops.top_k(rev, k, sorted=True)
-    return vals, (n - 1) - idx
+    iota = ops.cast(ops.arange(n), "int32")
+    neg_inf = ops.cast(float("-inf"), x.dtype)
+    taken = ops.zeros_like(x, dtype="bool")
+    vals, idxs = [], []
+    for _ in range(k):
+        avail = ops.where(taken, neg_inf, x)
+        m = ops.max(avail, axis=-1, keepdims=True)
+        hit = ops.logical_and(ops.equal(avail, m), ops.logical_not(taken))
+        idx = ops.max(ops.where(hit, iota, -1), axis=-1)
+        vals.append(m[..., 0])
+        idxs.append(idx)
+        taken = ops.logical_or(taken, ops.equal(iota, idx[..., None]))
+    return ops.stack(vals, axis=-1), ops.stack(idxs, axis=-1)
 
 
 @keras.saving.register_keras_serializable(package=_PKG)
