@@ -309,40 +309,39 @@ def test_spp_errors():
 
 # -- Im2col -----------------------------------------------------------------------------------
 
-def np_im2col(x, k, s, p, d):
-    """im2col_cpu (util/im2col.cpp), per item: channel (c * kh + i) * kw + j."""
-    n, c, h, w = x.shape
+def _im2col_cells(x_shape, k, s, p, d):
+    """util/im2col.cpp's loops: ``(column row, output y, x, input channel, row, col)`` of each
+    in-image cell of the column buffer, and the output size."""
+    _, c, h, w = x_shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = k, s, p, d
     oh = (h + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
     ow = (w + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
-    out = np.zeros((n, c * kh * kw, oh, ow))
+    cells = []
     for ch in range(c):
         for i in range(kh):
             for j in range(kw):
-                row = (ch * kh + i) * kw + j
                 for y in range(oh):
                     for z in range(ow):
                         r, q = y * sh - ph + i * dh, z * sw - pw + j * dw
                         if 0 <= r < h and 0 <= q < w:
-                            out[:, row, y, z] = x[:, ch, r, q]
+                            cells.append(((ch * kh + i) * kw + j, y, z, ch, r, q))
+    return cells, (oh, ow)
+
+
+def np_im2col(x, k, s, p, d):
+    """im2col_cpu, per item: channel (c * kh + i) * kw + j; padding reads zeros."""
+    cells, (oh, ow) = _im2col_cells(x.shape, k, s, p, d)
+    out = np.zeros((x.shape[0], x.shape[1] * k[0] * k[1], oh, ow))
+    for row, y, z, ch, r, q in cells:
+        out[:, row, y, z] = x[:, ch, r, q]
     return out
 
 
 def np_col2im(col, x_shape, k, s, p, d):
     """col2im_cpu: each column entry added back into its pixel (the backward)."""
-    n, c, h, w = x_shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = k, s, p, d
     dx = np.zeros(x_shape)
-    _, _, oh, ow = col.shape
-    for ch in range(c):
-        for i in range(kh):
-            for j in range(kw):
-                row = (ch * kh + i) * kw + j
-                for y in range(oh):
-                    for z in range(ow):
-                        r, q = y * sh - ph + i * dh, z * sw - pw + j * dw
-                        if 0 <= r < h and 0 <= q < w:
-                            dx[:, ch, r, q] += col[:, row, y, z]
+    for row, y, z, ch, r, q in _im2col_cells(x_shape, k, s, p, d)[0]:
+        dx[:, ch, r, q] += col[:, row, y, z]
     return dx
 
 
