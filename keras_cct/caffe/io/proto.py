@@ -165,6 +165,8 @@ def _install(texts: Tuple[str, ...]) -> None:
     # Top-level enum values (Phase): proto.TRAIN == 0, proto.TEST == 1.
     enum_values = {v.name: v.number for e in fdp.enum_type for v in e.value}
     SCHEMA_TEXTS, FILE_DESCRIPTOR_PROTO, POOL, FILE_DESCRIPTOR = texts, fdp, pool, descriptor
+    for stale in (set(_CLASSES) - set(classes)) | (set(_ENUM_VALUES) - set(enum_values)):
+        globals().pop(stale, None)
     _CLASSES, _ENUM_VALUES = classes, enum_values
     globals().update(classes)
     globals().update(enum_values)

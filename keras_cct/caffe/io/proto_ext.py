@@ -156,8 +156,11 @@ def proto_to_listing(text: str, path: Optional[str] = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def _known_fields() -> Dict[str, Dict[str, int]]:
-    return {m.name: {f.name: f.number for f in m.field}
+def _known_fields() -> Dict[str, Dict[str, Tuple[int, str]]]:
+    """message -> field name -> (number, type: a scalar's name or the ``.caffe.`` path)."""
+    scalars = {v: k for k, v in proto._SCALARS.items()}
+    return {m.name: {f.name: (f.number, f.type_name or scalars.get(f.type, "?"))
+                     for f in m.field}
             for m in proto.FILE_DESCRIPTOR_PROTO.message_type}
 
 
@@ -182,8 +185,10 @@ def _drop_known(listing: str) -> str:
                 continue
         else:
             in_known_enum = False
-            name, number = words[2], int(words[4].rstrip(";"))
-            if known.get(message, {}).get(name) == number:
+            type_name, name, number = words[1], words[2], int(words[4].rstrip(";"))
+            have = known.get(message, {}).get(name)
+            if have is not None and have[0] == number and (
+                    have[1] == type_name or have[1].endswith("." + type_name)):
                 continue
         out.append(line)
     return "\n".join(out) + "\n"
