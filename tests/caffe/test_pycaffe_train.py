@@ -201,3 +201,63 @@ def test_mode_functions():
         caffe.set_mode_gpu()
     with pytest.raises(ValueError, match="device id"):
         caffe.set_device(-1)
+
+
+DROP_NET = """
+name: "drop"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 6 } shape { dim: 4 } } }
+layer { name: "ip0" type: "InnerProduct" bottom: "data" top: "ip0"
+        inner_product_param { num_output: 32 weight_filler { type: "gaussian" std: 0.5 }
+                              bias_filler { type: "constant" value: 0.3 } } }
+layer { name: "drop" type: "Dropout" bottom: "ip0" top: "drop" dropout_param { dropout_ratio: 0.5 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "drop" top: "ip1"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
+"""
+
+
+def test_backward_uses_the_forward_dropout_mask(tmp_path):
+    (tmp_path / "d.prototxt").write_text(DROP_NET)
+    net = caffe.Net(str(tmp_path / "d.prototxt"), caffe.TRAIN)
+    net.blobs["data"].data[...] = np.random.default_rng(0).normal(size=(4, 6))
+    net.blobs["label"].data[...] = [0, 1, 2, 0]
+    net.forward()
+    dropped = net.blobs["drop"].data == 0
+    assert 0.2 < dropped.mean() < 0.8  # Caffe's TRAIN phase drops
+    kept = ~dropped
+    np.testing.assert_allclose(net.blobs["drop"].data[kept], 2.0 * net.blobs["ip0"].data[kept],
+                               rtol=1e-6)  # scaled by 1 / (1 - ratio)
+    net.backward()
+    d = net.blobs["ip0"].diff
+    assert np.all(d[dropped] == 0) and np.all(d[kept] != 0)
+    np.testing.assert_allclose(d[kept], 2.0 * net.blobs["drop"].diff[kept], rtol=1e-5)
+    test_net = caffe.Net(str(tmp_path / "d.prototxt"), caffe.TEST)
+    test_net.blobs["data"].data[...] = net.blobs["data"].data
+    test_net.share_with(net)
+    test_net.forward()
+    np.testing.assert_allclose(test_net.blobs["drop"].data, test_net.blobs["ip0"].data)
+
+
+def test_forward_backward_all_and_reshape(net):
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(7, 2, 5, 5)).astype(np.float32)
+    labels = np.array([0, 1, 2, 3, 0, 1, 2], np.float32)
+    outs = net.forward_all(data=x, label=labels)
+    assert set(outs) == {"loss"} and outs["loss"].shape == (3,)  # one loss per batch of 3
+    net.forward(data=x[3:6], label=labels[3:6])
+    assert np.isclose(outs["loss"][1], float(net.blobs["loss"].data), rtol=1e-6)
+    fw, bw = net.forward_backward_all(data=x, label=labels)
+    assert bw["data"].shape == (7, 2, 5, 5)
+    net.clear_param_diffs()
+    net.forward(data=x[3:6], label=labels[3:6])
+    net.backward()
+    np.testing.assert_allclose(bw["data"][3:6], net.blobs["data"].diff, rtol=1e-5, atol=1e-7)
+    # a new batch size: reshape the inputs, then every blob follows
+    net.blobs["data"].reshape(5, 2, 5, 5)
+    net.blobs["label"].reshape(5)
+    net.reshape()
+    assert net.blobs["conv1"].shape == (5, 3, 3, 3) and net.blobs["ip1"].shape == (5, 4)
+    net.blobs["data"].data[...] = x[:5]
+    net.blobs["label"].data[...] = labels[:5]
+    assert np.isfinite(net.forward()["loss"])

@@ -438,29 +438,51 @@ class Net:
                     keras.ops.convert_to_numpy(value), np.float32)))
         return {o: self.blobs[o].data for o in outputs}
 
+    def _batches_of(self, kwargs: Mapping[str, np.ndarray]):
+        """``(count, batches)``: the inputs cut into the input blob's batch size, the last
+        batch padded with zeros (pycaffe's ``_batch``)."""
+        n = len(next(iter(kwargs.values())))
+        size = self.blobs[self.inputs[0]].shape[0] or 1
+
+        def gen():
+            for i in range(0, n, size):
+                batch = {}
+                for k, v in kwargs.items():
+                    chunk = np.asarray(v[i:i + size], np.float32)
+                    if len(chunk) < size:
+                        chunk = np.concatenate([chunk, np.zeros((size - len(chunk),)
+                                                                + chunk.shape[1:], np.float32)])
+                    batch[k] = chunk
+                yield batch
+        return n, gen()
+
+    @staticmethod
+    def _collect(into: Dict[str, list], res: Mapping[str, np.ndarray]) -> None:
+        for o, v in res.items():
+            if np.ndim(v) == 0:
+                into.setdefault(o, []).append(np.array(v))  # a scalar (loss): one per batch
+            else:
+                into.setdefault(o, []).extend(np.array(v))
+
+    @staticmethod
+    def _packed(outs: Dict[str, list], n: int) -> Dict[str, np.ndarray]:
+        return {o: np.asarray(v) if v and np.ndim(v[0]) == 0 and len(v) != n else
+                np.asarray(v)[:n] for o, v in outs.items()}
+
     def forward_all(self, blobs: Optional[Sequence[str]] = None, **kwargs
                     ) -> Dict[str, np.ndarray]:
         """Forward inputs of any batch size in batches of the input blob's (the last padded
-        with zeros, its padding dropped), as pycaffe's ``forward_all``."""
+        with zeros, its padding dropped), as pycaffe's ``forward_all``; a scalar output (a
+        loss) gives one value per batch."""
         if not kwargs:
             raise CaffeFormatError("forward_all needs the input arrays", path=self._path,
                                    hint=f"forward_all({self.inputs[0] if self.inputs else 'data'}"
                                         f"=array)")
-        n = len(next(iter(kwargs.values())))
-        size = self.blobs[self.inputs[0]].shape[0] or 1
-        outs: Dict[str, List[np.ndarray]] = {o: [] for o in set(self.outputs + list(blobs or []))}
-        for i in range(0, n, size):
-            batch = {}
-            for k, v in kwargs.items():
-                chunk = np.asarray(v[i:i + size], np.float32)
-                if len(chunk) < size:
-                    pad = np.zeros((size - len(chunk),) + chunk.shape[1:], np.float32)
-                    chunk = np.concatenate([chunk, pad])
-                batch[k] = chunk
-            res = self.forward(blobs=blobs, **batch)
-            for o, v in res.items():
-                outs[o].extend(v.copy())
-        return {o: np.asarray(v)[:n] for o, v in outs.items()}
+        n, batches = self._batches_of(kwargs)
+        outs: Dict[str, list] = {}
+        for batch in batches:
+            self._collect(outs, self.forward(blobs=blobs, **batch))
+        return self._packed(outs, n)
 
     # -- backward -----------------------------------------------------------------------------
     def backward(self, diffs: Optional[Sequence[str]] = None, start: Optional[str] = None,
@@ -555,23 +577,14 @@ class Net:
     def forward_backward_all(self, blobs: Optional[Sequence[str]] = None,
                              diffs: Optional[Sequence[str]] = None, **kwargs):
         """Forward and backward over inputs of any batch size (pycaffe's); returns ``(blobs,
-        diffs)``: the outputs and the input diffs, concatenated over the batches."""
-        n = len(next(iter(kwargs.values()))) if kwargs else 0
-        size = self.blobs[self.inputs[0]].shape[0] or 1
+        diffs)``: the outputs and the input diffs, joined over the batches."""
+        if not kwargs:
+            raise CaffeFormatError("forward_backward_all needs the input arrays",
+                                   path=self._path)
+        n, batches = self._batches_of(kwargs)
         fw: Dict[str, list] = {}
         bw: Dict[str, list] = {}
-        for i in range(0, max(n, 1), size):
-            batch = {}
-            for k, v in kwargs.items():
-                chunk = np.asarray(v[i:i + size], np.float32)
-                if len(chunk) < size:
-                    chunk = np.concatenate([chunk, np.zeros((size - len(chunk),)
-                                                            + chunk.shape[1:], np.float32)])
-                batch[k] = chunk
-            for o, v in self.forward(blobs=blobs, **batch).items():
-                fw.setdefault(o, []).extend(v.copy())
-            for o, v in self.backward(diffs=diffs).items():
-                bw.setdefault(o, []).extend(v.copy())
-        cut = n if n else None
-        return ({o: np.asarray(v)[:cut] for o, v in fw.items()},
-                {o: np.asarray(v)[:cut] for o, v in bw.items()})
+        for batch in batches:
+            self._collect(fw, self.forward(blobs=blobs, **batch))
+            self._collect(bw, self.backward(diffs=diffs))
+        return self._packed(fw, n), self._packed(bw, n)
