@@ -447,3 +447,15 @@ def test_layers_round_trip_config():
                   bvlc.CaffeIm2col((2, 3), 1, (1, 0), 2), bvlc.CaffeHDF5Output("a.h5")]:
         again = type(layer).from_config(layer.get_config())
         assert again.get_config() == layer.get_config()
+
+
+def test_filter_in_a_compiled_function():
+    """TensorFlow (predict's tf.function) and PyTorch run Filter compiled; JAX cannot."""
+    if keras.backend.backend() == "jax":
+        pytest.skip("JAX cannot trace a data-dependent batch size (see the test above)")
+    built = _net('layer { name: "f" type: "Filter" bottom: "x" bottom: "s" top: "fx" }',
+                 x=(5, 3), s=(5, 1))
+    x = RNG.normal(size=(5, 3)).astype(np.float32)
+    s = np.array([[1], [0], [1], [0], [3]], np.float32)
+    got = built.model.predict([x, s], verbose=0, batch_size=5)
+    np.testing.assert_allclose(got, x[[0, 2, 4]], rtol=1e-6)
