@@ -77,6 +77,9 @@ def _features(args: argparse.Namespace) -> int:
     blobs, outputs = _split(args.blobs), _split(args.output)
     db_type = (args.db_type or ("npz" if outputs and outputs[0].endswith(".npz") else "lmdb"))
     db_type = db_type.lower()
+    if args.model.endswith(".caffemodel") and not args.weights.endswith(".caffemodel"):
+        raise KerasCCTError(f"{args.weights} {args.model}: the weights come first in Caffe's "
+                            f"order (pretrained_net_param, then feature_extraction_proto_file)")
     for path, what in ((args.model, "the net prototxt"), (args.weights, "the weights")):
         if not os.path.isfile(path):
             raise DataError(f"{what} not found", path=path,

@@ -159,6 +159,7 @@ def _matplotlib_bytes(g: NetGraph, rankdir: str, fmt: str, dpi: int, path: str) 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     pos, n_cols, depth = _positions(g, rankdir)
+    levels = sorted(set(g.rank.values()))
     cell_w, cell_h = (1.3, 1.1) if rankdir in ("LR", "RL") else (2.6, 0.75)
     cols, rows = (n_cols, depth) if rankdir in ("LR", "RL") else (depth, n_cols)
     width, height = cols * cell_w + 0.6, rows * cell_h + 0.6
@@ -179,10 +180,12 @@ def _matplotlib_bytes(g: NetGraph, rankdir: str, fmt: str, dpi: int, path: str) 
     fig.canvas.draw()  # sizes the boxes, which the arrows are clipped to
     for src, dst, label in g.edges:
         back = g.rank[dst] < g.rank[src]
+        # an edge over other ranks bends a little, off the boxes on its straight line
+        span = sum(1 for r in levels if g.rank[src] < r < g.rank[dst])
         ax.annotate("", xy=pos[dst], xytext=pos[src], zorder=1, arrowprops=dict(
             arrowstyle="-|>", lw=0.7, color="black", shrinkA=1, shrinkB=1,
             patchA=texts[src].get_bbox_patch(), patchB=texts[dst].get_bbox_patch(),
-            connectionstyle="arc3,rad=0.4" if back else "arc3"))
+            connectionstyle=f"arc3,rad={0.4 if back else min(0.12, 0.25 / max(span, 1)):.3f}"))
         if label:
             mid = ((pos[src][0] + pos[dst][0]) / 2, (pos[src][1] + pos[dst][1]) / 2)
             ax.text(*mid, label, fontsize=5.5, ha="center", va="bottom", zorder=2)

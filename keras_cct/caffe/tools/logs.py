@@ -7,9 +7,10 @@ per net output (``loss``, ``accuracy``, ...). A row is complete when it has as m
 the first one, as in parse_log.py, with one difference: a complete last row that parse_log.py
 never pushes (the only test of a short run) is kept. As in parse_log.py, a display block's
 ``LearningRate`` is the last ``lr =`` line before its outputs (Caffe logs the rate after them,
-so a train row shows the previous display's rate; the first row takes the second's). ``Seconds`` counts from the ``Solving`` line by the glog
-timestamps; a ``cct train`` log has none, so there it is the sum of the ``Ns/K iters`` lapses
-of its ``Iteration N (...)`` lines (training time, tests and snapshots excluded).
+so a train row shows the previous display's rate; the first row takes the second's).
+``Seconds`` counts from the ``Solving`` line by the glog timestamps; a ``cct train`` log has
+none, so there it is the sum of the ``Ns/K iters`` lapses of its ``Iteration N (...)`` lines
+(training time, tests and snapshots excluded).
 """
 
 from __future__ import annotations
