@@ -78,7 +78,8 @@ class ChannelScale(caffe.Layer):
 
 NET = '''
 name: "pynet"
-layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 4 dim: 3 dim: 2 dim: 2 } } }
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 4 dim: 3 dim: 2 dim: 2 } } }
 layer { name: "cs" type: "Python" bottom: "data" top: "scaled" top: "total"
   python_param { module: "MODNAME" layer: "ChannelScale" } }
 layer { name: "act" type: "Python" bottom: "scaled" top: "out"
@@ -237,12 +238,12 @@ def test_base_class_is_pycaffe_like():
 
 
 def test_jax_and_torch_backends(pynet):
-    path, name = pynet
+    path = pynet[0]
     for backend in ("jax", "torch"):
         code = (f"import keras; assert keras.backend.backend() == {backend!r}; "
                 f"from tests.caffe.test_python_layers import check_gradients as c; "
                 f"c({str(path)!r}); print('ok')")
         env = dict(os.environ, KERAS_BACKEND=backend)
-        res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=600)
+        res = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0 and "ok" in res.stdout, (backend, res.stderr[-3000:])

@@ -215,8 +215,10 @@ def test_rnn_caffemodel_static_and_exposed(tmp_path):
 def test_lstm_unit_net(tmp_path):
     n, hid = 3, 4
     text = f"""
-layer {{ name: "c" type: "Input" top: "c" input_param {{ shape {{ dim: 1 dim: {n} dim: {hid} }} }} }}
-layer {{ name: "g" type: "Input" top: "g" input_param {{ shape {{ dim: 1 dim: {n} dim: {4 * hid} }} }} }}
+layer {{ name: "c" type: "Input" top: "c"
+  input_param {{ shape {{ dim: 1 dim: {n} dim: {hid} }} }} }}
+layer {{ name: "g" type: "Input" top: "g"
+  input_param {{ shape {{ dim: 1 dim: {n} dim: {4 * hid} }} }} }}
 layer {{ name: "k" type: "Input" top: "k" input_param {{ shape {{ dim: 1 dim: {n} }} }} }}
 layer {{ name: "unit" type: "LSTMUnit" bottom: "c" bottom: "g" bottom: "k" top: "c1" top: "h1" }}
 """
@@ -382,6 +384,6 @@ def test_jax_and_torch_backends():
                 "from tests.caffe.test_recurrent import check_lstm_gradients as c; "
                 "c(True, True); c(False, False); print('ok')")
         env = dict(os.environ, KERAS_BACKEND=backend)
-        res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=600)
+        res = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0 and "ok" in res.stdout, (backend, res.stderr[-3000:])

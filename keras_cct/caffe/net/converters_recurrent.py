@@ -1,5 +1,6 @@
-"""Converters for recurrent layers (LSTM, RNN, LSTMUnit) and opt-in Python layers: ``(ctx, layer_param, bottom tensors) -> list of top tensors``,
-merged into :data:`keras_cct.caffe.net.converters.CONVERTERS`.
+"""Converters for recurrent layers (LSTM, RNN, LSTMUnit) and opt-in Python layers:
+``(ctx, layer_param, bottom tensors) -> list of top tensors``, merged into
+:data:`keras_cct.caffe.net.converters.CONVERTERS`.
 
 A ``Python`` layer is built only when the caller asked for it (``python_layers=True``, which
 sets ``ctx.python_layers``); otherwise it is a :class:`~keras_cct.errors.CaffeFormatError`
@@ -27,9 +28,8 @@ def _filler(ctx: Ctx, lp, field: str) -> Optional[dict]:
     if f.type not in FILLER_TYPES:
         raise ctx.error(f"recurrent_param.{field} type '{f.type}' is not supported",
                         hint=f"use one of {', '.join(FILLER_TYPES)} (or load trained weights)")
-    return {"type": f.type, "value": f.value, "min": getattr(f, "min"),
-            "max": getattr(f, "max"), "mean": f.mean, "std": f.std,
-            "variance_norm": proto.FillerParameter.VarianceNorm.Name(f.variance_norm)}
+    return {"type": f.type, "value": f.value, "min": f.min, "max": f.max, "mean": f.mean,
+            "std": f.std, "variance_norm": proto.FillerParameter.VarianceNorm.Name(f.variance_norm)}
 
 
 def _recurrent(cls, states: int):
@@ -114,4 +114,4 @@ CONVERTERS: Dict[str, Callable] = {
     "LSTM": _recurrent(CaffeLSTM, 2), "RNN": _recurrent(CaffeRNN, 1),
     "LSTMUnit": _lstm_unit, "Python": _python,
 }
-MULTI_TOP: Set[str] = {"LSTM", "RNN", "LSTMUnit", "Python"}  # types whose layers may have several tops
+MULTI_TOP: Set[str] = {"LSTM", "RNN", "LSTMUnit", "Python"}  # may have several tops

@@ -1,4 +1,5 @@
-"""Keras layers for Caffe's recurrent layers (LSTM, RNN, LSTMUnit) and opt-in Python layers, with Caffe's exact semantics.
+"""Keras layers for Caffe's recurrent layers (LSTM, RNN, LSTMUnit) and opt-in Python layers,
+with Caffe's exact semantics.
 
 * :mod:`.lstm` -- :class:`CaffeLSTM`, :class:`CaffeRNN`, :class:`CaffeLSTMUnit` (time-major,
   ``cont`` resets, ``x_static``, ``expose_hidden``; Caffe's blobs as variables).

@@ -79,8 +79,8 @@ def _flat_static(x, size: int):
 def _scan(step, init, xs):
     """``(last state, stacked h)`` of ``step`` over the time axis: ``keras.ops.scan`` (T may be
     dynamic: it is the Keras batch axis), a plain Python loop on PyTorch (eager, T known;
-    Keras' scan there is such a loop too, with more bookkeeping). The steps return their states as outputs (TF's scan
-    wants the carry's structure), h first."""
+    Keras' scan there is such a loop too, with more bookkeeping). The steps return their
+    states as outputs (TF's scan wants the carry's structure), h first."""
     if keras.backend.backend() != "torch":
         last, ys = ops.scan(step, init, xs)
         return last, ys[0]

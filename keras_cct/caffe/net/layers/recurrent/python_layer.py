@@ -33,11 +33,12 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_cct.caffe.io import proto
 from keras_cct.caffe.net.layout import caffe_shape, from_caffe_layout, keras_shape, to_caffe_layout
 from keras_cct.errors import CaffeFormatError
 
 _PKG = "keras_cct"
-TRAIN, TEST = 0, 1
+TRAIN, TEST = proto.TRAIN, proto.TEST  # pycaffe's caffe.TRAIN / caffe.TEST
 
 __all__ = ["Layer", "Blob", "CaffePythonLayer", "python_layer_class", "allow_python_layers"]
 
@@ -193,7 +194,6 @@ class CaffePythonLayer(keras.layers.Layer):
         self.supports_jit = False  # a host callback: no XLA compilation
         self._host_lock = threading.RLock()
         cls = python_layer_class(self.module, self.layer, search_path)
-        from keras_cct.caffe.io import proto
         lp = proto.LayerParameter(name=self.name, type="Python")
         lp.python_param.module, lp.python_param.layer = self.module, self.layer
         lp.python_param.param_str = self.param_str
