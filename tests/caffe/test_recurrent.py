@@ -387,3 +387,24 @@ def test_jax_and_torch_backends():
         res = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0 and "ok" in res.stdout, (backend, res.stderr[-3000:])
+
+
+def test_opencv_does_not_read_caffe_lstm_blobs(tmp_path):
+    """OpenCV's Caffe importer wants (Wh, Wx, b): a caffemodel in Caffe's order fails there, so
+    it cannot be a reference. Should OpenCV start reading it, compare against it here."""
+    pytest.importorskip("cv2")
+    rng = np.random.default_rng(7)
+    t_, n, i_, hid = 3, 2, 4, 5
+    proto_path = _net(tmp_path, "LSTM", t_, n, (i_,), hid)
+    w = [_randn(rng, 4 * hid, i_), _randn(rng, 4 * hid), _randn(rng, 4 * hid, hid)]
+    model_path = _caffemodel(tmp_path / "lstm.caffemodel", "rec", "LSTM", w)
+    code = ("import cv2, numpy as np, sys\n"
+            f"net = cv2.dnn.readNetFromCaffe({str(proto_path)!r}, {str(model_path)!r})\n"
+            f"net.setInput(np.zeros(({t_}, {n}, {i_}), np.float32), 'x')\n"
+            f"net.setInput(np.ones(({t_}, {n}), np.float32), 'cont')\n"
+            "try:\n    net.forward('rec')\nexcept cv2.error as e:\n"
+            "    print('REJECTED', str(e).splitlines()[-1]); sys.exit(0)\n"
+            "print('READ')\n")
+    res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
+                         text=True, timeout=300)
+    assert "REJECTED" in res.stdout, (res.returncode, res.stdout, res.stderr[-2000:])
