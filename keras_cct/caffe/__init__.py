@@ -22,7 +22,7 @@ Public API (imported lazily, so ``import keras_cct.caffe`` stays light):
 * pycaffe's names (:mod:`keras_cct.caffe.pycaffe`), so that ``import keras_cct.caffe as caffe``
   runs a pycaffe script: :class:`Net`, :class:`Classifier`, :func:`get_solver`,
   :class:`SGDSolver` & co., ``TRAIN`` / ``TEST``, ``set_mode_cpu`` / ``set_mode_gpu`` /
-  ``set_device``, and ``io`` (:mod:`keras_cct.caffe.io`: ``Transformer``, ``load_image``, ...).
+  ``set_device``, ``Layer`` (Python layers' base class), and ``io`` (:mod:`keras_cct.caffe.io`: ``Transformer``, ``load_image``, ...).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ _EXPORTS = {
     "set_mode_cpu": "keras_cct.caffe.pycaffe.mode",
     "set_mode_gpu": "keras_cct.caffe.pycaffe.mode",
     "set_device": "keras_cct.caffe.pycaffe.mode",
+    "Layer": "keras_cct.caffe.net.layers.recurrent.python_layer",  # Python layers' base class
 }
 
 #: modules reachable as attributes (``from keras_cct.caffe import proto``)

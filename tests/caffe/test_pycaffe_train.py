@@ -123,7 +123,8 @@ layer { name: "feed" type: "MemoryData" top: "data" top: "label"
         memory_data_param { batch_size: 4 channels: 2 height: 5 width: 5 } }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         param { lr_mult: 1 } param { lr_mult: 2 }
-        convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+        convolution_param { num_output: 3 kernel_size: 3
+                            weight_filler { type: "gaussian" std: 0.3 } } }
 layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
 layer { name: "ip1" type: "InnerProduct" bottom: "conv1" top: "ip1"
         inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
@@ -210,7 +211,8 @@ layer { name: "data" type: "Input" top: "data" top: "label"
 layer { name: "ip0" type: "InnerProduct" bottom: "data" top: "ip0"
         inner_product_param { num_output: 32 weight_filler { type: "gaussian" std: 0.5 }
                               bias_filler { type: "constant" value: 0.3 } } }
-layer { name: "drop" type: "Dropout" bottom: "ip0" top: "drop" dropout_param { dropout_ratio: 0.5 } }
+layer { name: "drop" type: "Dropout" bottom: "ip0" top: "drop"
+        dropout_param { dropout_ratio: 0.5 } }
 layer { name: "ip1" type: "InnerProduct" bottom: "drop" top: "ip1"
         inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
@@ -248,7 +250,7 @@ def test_forward_backward_all_and_reshape(net):
     net.forward(data=x[3:6], label=labels[3:6])
     assert np.isclose(outs["loss"][1], float(net.blobs["loss"].data), rtol=1e-6)
     fw, bw = net.forward_backward_all(data=x, label=labels)
-    assert bw["data"].shape == (7, 2, 5, 5)
+    assert bw["data"].shape == (7, 2, 5, 5) and fw["loss"].shape == (3,)
     net.clear_param_diffs()
     net.forward(data=x[3:6], label=labels[3:6])
     net.backward()

@@ -1,6 +1,7 @@
-"""pycaffe's blobs: :class:`Blob` (``data`` and ``diff`` as NCHW numpy arrays) and
+"""pycaffe's blobs: :class:`Blob` (``data`` and ``diff`` as NCHW numpy arrays: the one the
+Python layers see, from :mod:`keras_cct.caffe.net.layers.recurrent.python_layer`),
 :class:`ParamBlob` (a learnable blob, backed by a Keras layer's variables through
-:class:`ParamSet`); the phase constants ``TRAIN`` / ``TEST``."""
+:class:`ParamSet`), :func:`store`; the phase constants ``TRAIN`` / ``TEST``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from keras_cct.caffe.net.weights import (keras_arrays_to_blobs, keras_layer_to_blobs,
-                                         layer_blobs_to_keras)
+from keras_cct.caffe.net.layers.recurrent.python_layer import Blob
+from keras_cct.caffe.net.weights import (expected_blob_shapes, keras_arrays_to_blobs,
+                                         keras_layer_to_blobs, layer_blobs_to_keras)
 
-__all__ = ["TRAIN", "TEST", "phase_name", "Blob", "ParamBlob", "ParamSet"]
+__all__ = ["TRAIN", "TEST", "phase_name", "Blob", "ParamBlob", "ParamSet", "store"]
 
 #: pycaffe's phase constants (Caffe's ``Phase`` enum values)
 TRAIN = 0
@@ -27,78 +29,15 @@ def phase_name(phase) -> str:
     raise ValueError(f"phase must be caffe.TRAIN or caffe.TEST, got {phase!r}")
 
 
-class Blob:
-    """A Caffe blob: ``data`` and ``diff``, float32 arrays of one shape in Caffe's layout.
-
-    ``data`` and ``diff`` keep their identity while the shape stays (as pycaffe's views), so
-    ``x = net.blobs['conv1'].data`` sees later forwards.
-    """
-
-    def __init__(self, shape: Sequence[int]) -> None:
-        shape = tuple(int(d) for d in shape)
-        self._data = np.zeros(shape, np.float32)
-        self._diff = np.zeros(shape, np.float32)
-
-    @property
-    def data(self) -> np.ndarray:
-        return self._data
-
-    @data.setter
-    def data(self, value) -> None:
-        self._data[...] = value
-
-    @property
-    def diff(self) -> np.ndarray:
-        return self._diff
-
-    @diff.setter
-    def diff(self, value) -> None:
-        self._diff[...] = value
-
-    @property
-    def shape(self) -> Tuple[int, ...]:
-        return tuple(self._data.shape)
-
-    @property
-    def count(self) -> int:
-        return int(self._data.size)
-
-    def _legacy(self, i: int) -> int:
-        shape = self.shape
-        if len(shape) > 4:
-            raise ValueError(f"num/channels/height/width are for blobs of up to 4 axes; "
-                             f"this one is {shape}")
-        padded = shape + (1,) * (4 - len(shape))
-        return int(padded[i])
-
-    num = property(lambda self: self._legacy(0))
-    channels = property(lambda self: self._legacy(1))
-    height = property(lambda self: self._legacy(2))
-    width = property(lambda self: self._legacy(3))
-
-    def reshape(self, *shape: int) -> None:
-        """Give the blob a new shape (contents zeroed, as Caffe leaves them undefined); for an
-        input blob, the next ``forward`` (or ``net.reshape()``) propagates it."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise ValueError(f"blob shape must be non-negative, got {shape}")
-        if shape != self.shape:
-            self._data = np.zeros(shape, np.float32)
-            self._diff = np.zeros(shape, np.float32)
-
-    def _store(self, value: np.ndarray) -> None:
-        """Put a computed value in ``data`` (in place when the shape is unchanged)."""
-        value = np.asarray(value, np.float32)
-        if value.shape == self._data.shape:
-            self._data[...] = value
-        else:
-            self._data = np.array(value, np.float32)
-            self._diff = np.zeros(value.shape, np.float32)
-
-    def __repr__(self) -> str:
-        return f"<Blob shape={self.shape}>"
+def store(blob: Blob, value) -> None:
+    """Put a computed value in ``blob.data``: in place when the shape is unchanged (so arrays
+    handed out earlier see it, as pycaffe's views do), else new zeroed-diff arrays."""
+    value = np.asarray(value, np.float32)
+    if value.shape == blob.data.shape:
+        blob.data[...] = value
+    else:
+        blob.data = np.array(value, np.float32)
+        blob.diff = np.zeros(value.shape, np.float32)
 
 
 class ParamSet:
@@ -117,7 +56,6 @@ class ParamSet:
         self.diffs = [np.zeros(s, np.float32) for s in self._shapes()]
 
     def _shapes(self) -> List[Tuple[int, ...]]:
-        from keras_cct.caffe.net.weights import expected_blob_shapes
         return [tuple(s) for s in expected_blob_shapes(self.layer, transpose=self.transpose)]
 
     def _read(self) -> List[np.ndarray]:
@@ -162,17 +100,25 @@ class ParamBlob(Blob):
     """Learnable blob ``index`` of a :class:`ParamSet`: ``data`` reads and writes the Keras
     weights (written back before the net next computes), ``diff`` holds the gradient."""
 
-    def __init__(self, params: ParamSet, index: int) -> None:  # noqa: D107 (no Blob init)
+    def __init__(self, params: ParamSet, index: int) -> None:  # no Blob.__init__: a view
         self._params = params
         self._index = index
 
     @property
-    def _data(self) -> np.ndarray:  # type: ignore[override]
+    def data(self) -> np.ndarray:  # type: ignore[override]
         return self._params.get()[self._index]
 
+    @data.setter
+    def data(self, value) -> None:
+        self.data[...] = value
+
     @property
-    def _diff(self) -> np.ndarray:  # type: ignore[override]
+    def diff(self) -> np.ndarray:  # type: ignore[override]
         return self._params.diffs[self._index]
+
+    @diff.setter
+    def diff(self, value) -> None:
+        self.diff[...] = value
 
     def reshape(self, *shape: int) -> None:
         raise ValueError("a learnable blob's shape is fixed by its layer; rebuild the net "

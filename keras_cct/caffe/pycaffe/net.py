@@ -29,7 +29,8 @@ from keras_cct.caffe.net.builder import build_net
 from keras_cct.caffe.net.layout import from_caffe_layout, to_caffe_layout
 from keras_cct.caffe.net.losses import head_value
 from keras_cct.caffe.net.weights import caffe_type_of, keras_name, load_weights, save_weights
-from keras_cct.caffe.pycaffe.blob import TEST, Blob, ParamBlob, ParamSet, phase_name
+from keras_cct.caffe.pycaffe.blob import (TEST, Blob, ParamBlob, ParamSet, phase_name,
+                                         store)
 from keras_cct.caffe.pycaffe.grad import gradients
 from keras_cct.caffe.pycaffe.steps import Step, make_steps
 from keras_cct.errors import CaffeFormatError
@@ -338,7 +339,7 @@ class Net:
         for s in data_steps:
             for t in s.tops:
                 if t in batch:
-                    self.blobs[t]._store(to_caffe_layout(np.asarray(batch[t], np.float32)))
+                    store(self.blobs[t], to_caffe_layout(np.asarray(batch[t], np.float32)))
 
     def _next_batch(self) -> Mapping[str, np.ndarray]:
         if self._batches is not None:
@@ -434,7 +435,7 @@ class Net:
                    for t in s.tops}
         for name, value in cur.items():
             if name in written:
-                self.blobs[name]._store(to_caffe_layout(np.asarray(
+                store(self.blobs[name], to_caffe_layout(np.asarray(
                     keras.ops.convert_to_numpy(value), np.float32)))
         return {o: self.blobs[o].data for o in outputs}
 
