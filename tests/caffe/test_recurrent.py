@@ -247,6 +247,9 @@ def test_bad_recurrent_nets_are_typed_errors(tmp_path):
                                  'input_param { shape { dim: 3 dim: 7 } }'))
     with pytest.raises(CaffeFormatError, match="cont"):
         import_net(path)
+    path.write_text(text.replace('type: "gaussian"', 'type: "bilinear"'))
+    with pytest.raises(CaffeFormatError, match="weight_filler type 'bilinear'"):
+        import_net(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,3 +411,19 @@ def test_opencv_does_not_read_caffe_lstm_blobs(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
                          text=True, timeout=300)
     assert "REJECTED" in res.stdout, (res.returncode, res.stdout, res.stderr[-2000:])
+
+
+def test_fillers_as_caffe():
+    """xavier: U(-sqrt(3/fan_in), +) with Caffe's fan_in = count / shape[0]; msra: N(0,
+    sqrt(2/fan_in)); the default filler is Caffe's constant 0."""
+    layer = CaffeLSTM(50, weight_filler={"type": "xavier"}, bias_filler={"type": "msra"})
+    layer.build([(7, 30, 2), (7, 2)])
+    w_xc, b_c, w_hc = (keras.ops.convert_to_numpy(v) for v in layer.weights)
+    assert np.abs(w_xc).max() <= np.sqrt(3 / 30) and np.abs(w_xc).max() > 0.9 * np.sqrt(3 / 30)
+    assert np.abs(w_hc).max() <= np.sqrt(3 / 50) and np.abs(w_hc).max() > 0.9 * np.sqrt(3 / 50)
+    assert 0.7 < b_c.std() / np.sqrt(2.0) < 1.3  # a 1-D blob: fan_in = 1
+    plain = CaffeRNN(3)
+    plain.build([(4, 5, 2), (4, 2)])
+    assert all(not keras.ops.convert_to_numpy(v).any() for v in plain.weights)
+    with pytest.raises(ValueError, match="weight_filler"):
+        CaffeLSTM(3, weight_filler={"type": "bilinear"})

@@ -107,7 +107,10 @@ class _Recurrent(keras.layers.Layer):
         self.static_input = bool(static_input)
         self.expose_hidden = bool(expose_hidden)
         for name, filler in (("weight_filler", weight_filler), ("bias_filler", bias_filler)):
-            filler_initializer(filler, (1, 1))  # validates the type now
+            try:
+                filler_initializer(filler, (1, 1))  # validates the type now
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
         self.weight_filler = dict(weight_filler or {})
         self.bias_filler = dict(bias_filler or {})
 
