@@ -263,3 +263,80 @@ def test_forward_backward_all_and_reshape(net):
     net.blobs["data"].data[...] = x[:5]
     net.blobs["label"].data[...] = labels[:5]
     assert np.isfinite(net.forward()["loss"])
+
+
+DATA_NET = """
+name: "lmdb_net"
+layer { name: "d" type: "Data" top: "data" top: "label"
+        transform_param { scale: 0.00390625 }
+        data_param { source: "db" batch_size: 3 backend: LMDB } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
+"""
+
+
+def test_data_layer_net_reads_its_lmdb_batches(tmp_path):
+    from keras_cct.caffe.io.lmdb_io import write_arrays
+    rng = np.random.default_rng(6)
+    images = rng.integers(0, 256, (5, 4, 4, 2), dtype=np.uint8)  # HWC records
+    labels = [0, 1, 1, 0, 1]
+    write_arrays(str(tmp_path / "db"), images, labels)
+    (tmp_path / "net.prototxt").write_text(DATA_NET)
+    net = caffe.Net(str(tmp_path / "net.prototxt"), caffe.TRAIN)
+    assert net.inputs == [] and net.blobs["data"].shape == (3, 2, 4, 4)
+    seen = []
+    for _ in range(2):  # records 0-2, then 3, 4 and (cycling) 0
+        net.forward()
+        seen.append((net.blobs["data"].data.copy(), net.blobs["label"].data.copy()))
+    want = images.transpose(0, 3, 1, 2) * 0.00390625
+    np.testing.assert_allclose(seen[0][0], want[:3], rtol=1e-6)
+    np.testing.assert_allclose(seen[1][0], want[[3, 4, 0]], rtol=1e-6)
+    np.testing.assert_array_equal(seen[1][1], [0, 1, 0])
+    # the loss of the last batch, by numpy from the blobs
+    w, b = net.params["ip1"][0].data, net.params["ip1"][1].data
+    logits = seen[1][0].reshape(3, -1).astype(np.float64) @ w.T.astype(np.float64) + b
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    want_loss = -np.mean(np.log(p[np.arange(3), [0, 1, 0]]))
+    assert np.isclose(float(net.blobs["loss"].data), want_loss, rtol=1e-5)
+
+
+FCN = """
+name: "fcn"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 1 dim: 2 dim: 6 dim: 6 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 3 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.5 } } }
+"""
+
+
+def test_reshape_to_a_new_image_size_keeps_the_weights(tmp_path):
+    (tmp_path / "fcn.prototxt").write_text(FCN)
+    net = caffe.Net(str(tmp_path / "fcn.prototxt"), caffe.TEST)
+    w = net.params["conv1"][0].data.copy()
+    b = net.params["conv1"][1].data.copy()
+    net.blobs["data"].reshape(2, 2, 5, 7)
+    net.reshape()
+    assert net.blobs["conv1"].shape == (2, 3, 5, 7)
+    x = np.random.default_rng(8).normal(size=(2, 2, 5, 7)).astype(np.float32)
+    out = net.forward(data=x)["conv1"]
+    # by numpy: a 3x3 cross-correlation with zero padding 1
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((2, 3, 5, 7))
+    for i in range(5):
+        for j in range(7):
+            patch = xp[:, :, i:i + 3, j:j + 3]
+            want[:, :, i, j] = np.einsum("nchw,ochw->no", patch, w) + b
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(net.params["conv1"][0].data, w)
+
+
+def test_solver_nets_forward_their_data(tmp_path):
+    path, arrays = _solver_files(tmp_path)
+    solver = caffe.get_solver(path, arrays=arrays, log=lambda line: None)
+    out = solver.net.forward()
+    np.testing.assert_allclose(solver.net.blobs["data"].data,
+                               arrays["data"].transpose(0, 3, 1, 2))
+    assert set(out) == {"loss"} and float(out["loss"]) > 0

@@ -111,11 +111,14 @@ class Net:
                                   source=source)
         shapes = dict(input_shapes or {})
         self._sources = None
+        self._batch = None
         if any(lp.type in DATA_TYPES and lp.type != "Input" and not
                all(t in shapes for t in lp.top) for lp in net_param.layer):
             self._sources = self._data_sources(net_param, phase, path)
             from keras_cct.caffe.train.model import data_shapes
             shapes = {**data_shapes(self._sources), **shapes}
+        self._batch = next((int(x.batch_size) for x in self._sources or () if x.batch_size),
+                           None)
         built = build_net(full, phase=phase, stages=tuple(stages), level=level,
                           input_shapes=shapes, source=source)
         if weights is not None:
@@ -288,6 +291,7 @@ class Net:
             self._push()
             full, source, phase, stages, level = self._rebuild_args
             shapes = {b: self.blobs[b].shape for b in built}
+            self._batch = next(iter(shapes.values()))[0]
             fresh = build_net(full, phase=phase, stages=stages, level=level,
                               input_shapes=shapes, source=source)
             old = {l.name: l for l in self._model.layers if l.weights}
