@@ -262,7 +262,8 @@ def test_roi_pooling_matches_opencv_numpy_and_gradient(tmp_path):
     xr = cl.from_caffe_layout(x)
     dy = _rand(5, 3, 2, 3, seed=2)  # Keras layout (R, PH, PW, C)
     # (t * 1: TensorFlow's gradient of a gather is IndexedSlices; the product makes it dense)
-    _, g = _value_and_grad(lambda t: keras.ops.sum(layer([t * 1.0, rois]) * dy), xr)
+    dyt = keras.ops.convert_to_tensor(dy)
+    _, g = _value_and_grad(lambda t: keras.ops.sum(layer([t * 1.0, rois]) * dyt), xr)
     num = _numeric_grad(lambda a: cl.from_caffe_layout(_roi_ref(cl.to_caffe_layout(a), rois,
                                                                  3, 2, 0.25)),
                         np.asarray(xr, np.float64), dy, eps=1e-3)
@@ -289,7 +290,8 @@ def test_axpy_and_gradient(tmp_path):
     layer = fl.CaffeAxpy()
     ak, xk, yk = (cl.from_caffe_layout(t) for t in (a, x, y))
     dy = _rand(*xk.shape, seed=5)
-    _, g = _value_and_grad(lambda t: keras.ops.sum(layer([t, xk, yk]) * dy), ak)
+    dyt = keras.ops.convert_to_tensor(dy)
+    _, g = _value_and_grad(lambda t: keras.ops.sum(layer([t, xk, yk]) * dyt), ak)
     np.testing.assert_allclose(g, (xk * dy).sum(axis=(1, 2), keepdims=True), rtol=1e-5)
 
 
