@@ -14,7 +14,9 @@ so a caffemodel's LSTM/RNN blobs load as they are.
 
 Caffe carries the hidden state from one forward pass to the next when ``expose_hidden`` is
 false; these layers start every call from zeros (h_0 = c_0 = 0), which is the same thing
-whenever ``cont`` is 0 at each stream's first step (as Caffe's sequence data gives it).
+whenever ``cont`` is 0 at each stream's first step (as Caffe's sequence data gives it). As T is
+the Keras batch axis, give a model whole sequences (``model(inputs)``, or ``predict`` with
+``batch_size=T``): smaller batches would cut the time axis into pieces that start from zeros.
 """
 
 from __future__ import annotations
