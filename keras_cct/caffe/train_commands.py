@@ -408,6 +408,20 @@ def _add_ignored(p: argparse.ArgumentParser, names) -> None:
         caffe_flag(p, name, dest=f"ignored_{name}", help=argparse.SUPPRESS)
 
 
+def _net_flags(p: argparse.ArgumentParser, model_help: str, weights_help: Optional[str],
+               iterations_help: str, phase: str) -> None:
+    """``caffe test/time``'s flags (each also in Caffe's single-dash spelling); ``weights_help``
+    None makes ``-weights`` optional."""
+    caffe_flag(p, "model", required=True, help=model_help)
+    caffe_flag(p, "weights", required=weights_help is not None,
+               help=weights_help or "a .caffemodel (optional)")
+    caffe_flag(p, "iterations", type=positive_int, default=50, help=iterations_help)
+    caffe_flag(p, "phase", default=phase, choices=["TRAIN", "TEST"])
+    caffe_flag(p, "stage", action="append", help="net stages (a,b or repeated)")
+    caffe_flag(p, "level", type=int, default=0, help="the net state's level")
+    _add_ignored(p, ("gpu",))
+
+
 def register(subparsers) -> None:
     """Add ``train``, ``test``, ``time`` and ``data`` to the ``cct`` parser."""
     p = subparsers.add_parser("train", help="train a Caffe net from its solver "
@@ -449,27 +463,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=_train)
 
     p = subparsers.add_parser("test", help="score a trained Caffe net (like `caffe test`)")
-    caffe_flag(p, "model", required=True, help="the net .prototxt (with data layers)")
-    caffe_flag(p, "weights", required=True, help="the trained .caffemodel")
-    caffe_flag(p, "iterations", type=positive_int, default=50,
-               help="batches to run (default 50)")
-    caffe_flag(p, "phase", default="TEST", choices=["TRAIN", "TEST"])
-    caffe_flag(p, "stage", action="append", help="net stages (a,b or repeated)")
-    caffe_flag(p, "level", type=int, default=0, help="the net state's level")
-    _add_ignored(p, ("gpu",))
+    _net_flags(p, "the net .prototxt (with data layers)", "the trained .caffemodel",
+               "batches to run (default 50)", "TEST")
     _add_device_args(p)
     p.set_defaults(func=_test)
 
     p = subparsers.add_parser("time", help="per-layer forward/backward times "
                                            "(like `caffe time`)")
-    caffe_flag(p, "model", required=True, help="the net .prototxt")
-    caffe_flag(p, "weights", help="a .caffemodel (optional)")
-    caffe_flag(p, "iterations", type=positive_int, default=50,
-               help="repetitions (default 50)")
-    caffe_flag(p, "phase", default="TRAIN", choices=["TRAIN", "TEST"])
-    caffe_flag(p, "stage", action="append", help="net stages (a,b or repeated)")
-    caffe_flag(p, "level", type=int, default=0, help="the net state's level")
-    _add_ignored(p, ("gpu",))
+    _net_flags(p, "the net .prototxt", None, "repetitions (default 50)", "TRAIN")
     p.add_argument("--batch", type=positive_int, help="batch size for inputs without a data layer")
     p.add_argument("--random-data", dest="random_data", action="store_true",
                    help="feed random arrays instead of reading the data layers' sources")
