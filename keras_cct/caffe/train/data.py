@@ -1,7 +1,7 @@
 """Caffe's data layers as input pipelines (numpy readers wrapped in prefetching ``tf.data``).
 
 Each data layer of a net (``Data`` from LMDB, ``ImageData``, ``HDF5Data``, ``MemoryData``,
-``Input``) becomes a :class:`DataSource`: an endless iterator of batches ``{top: array}`` in
+``Input``, ``WindowData``: :mod:`keras_cct.caffe.train.window_data`) becomes a :class:`DataSource`: an endless iterator of batches ``{top: array}`` in
 channels-last layout (images ``(N, H, W, C)`` float32, labels ``(N,)`` float32 as Caffe's label
 blobs), read in Caffe's order (LMDB key order, list-file order, cycling at the end) and
 transformed exactly as Caffe's ``DataTransformer``:
@@ -30,6 +30,7 @@ import numpy as np
 from keras_cct.caffe.io import proto
 from keras_cct.caffe.io.binary import blob_to_array, read_binaryproto
 from keras_cct.caffe.io.lmdb_io import DatumReader, datum_to_array, read_image, read_image_list
+from keras_cct.caffe.train import window_data
 from keras_cct.errors import CaffeFormatError, DataError
 
 PathLike = Union[str, os.PathLike]
@@ -437,8 +438,42 @@ def _memory_source(layer, arrays: Optional[Mapping[str, np.ndarray]], seed,
 
 
 #: the data layers read from files, by type
+def _window_data_source(layer, phase, base_dirs, seed) -> DataSource:
+    """WindowData (:mod:`keras_cct.caffe.train.window_data`); its mean and crop/mirror from
+    ``transform_param``, ``scale`` from ``window_data_param`` (as Caffe's layer reads them)."""
+    p = layer.window_data_param
+    where = resolve_path(p.source, base_dirs)
+    tp = layer.transform_param
+    if tp.crop_size <= 0 or not p.batch_size:
+        raise CaffeFormatError("WindowData needs transform_param.crop_size > 0 and "
+                               "window_data_param.batch_size > 0", layer=layer.name)
+    if p.crop_mode not in ("warp", "square"):
+        raise CaffeFormatError(f"window_data_param.crop_mode {p.crop_mode!r} is not 'warp' or "
+                               f"'square'", layer=layer.name)
+    transform = DataTransformer(tp, phase, base_dirs=base_dirs, seed=seed, layer=layer.name)
+    images, windows = window_data.read_window_file(where, p.root_folder)
+    fg, bg = window_data.split_windows(windows, p.fg_threshold, p.bg_threshold, path=where)
+    kw = dict(batch_size=int(p.batch_size), crop_size=int(tp.crop_size),
+              fg_fraction=float(p.fg_fraction), context_pad=int(p.context_pad),
+              square=p.crop_mode == "square", mirror=bool(tp.mirror), scale=float(p.scale),
+              mean=transform.mean, mean_values=transform.mean_values, seed=seed, where=where)
+    tops = list(layer.top)
+    channels = next(iter(images.values()))[1][0] if images else 3
+    shapes = {tops[0]: (int(tp.crop_size), int(tp.crop_size), 3)}
+    if channels != 3:
+        raise DataError(f"the window file says {channels} channels; WindowData reads color "
+                        f"(3-channel) images", path=where)
+    if len(tops) > 1:
+        shapes[tops[1]] = ()
+
+    def batches():
+        for data, label in window_data.window_batches(images, fg, bg, **kw):
+            yield dict(zip(tops, (data, label)))
+    return DataSource(layer.name, "WindowData", tops, int(p.batch_size), shapes, None, batches)
+
+
 _FILE_READERS = {"Data": _lmdb_source, "ImageData": _image_data_source,
-                 "HDF5Data": _hdf5_source}
+                 "HDF5Data": _hdf5_source, "WindowData": _window_data_source}
 #: the layer types a :class:`DataSource` reads (files, then arrays)
 READ_TYPES = tuple(_FILE_READERS) + ("MemoryData", "Input")
 
@@ -495,7 +530,8 @@ def net_data_sources(net, *, phase="TRAIN", base_dirs: Sequence[PathLike] = (),
 
 
 def layer_batch(layer) -> int:
-    for name in ("data_param", "image_data_param", "hdf5_data_param", "memory_data_param"):
+    for name in ("data_param", "image_data_param", "hdf5_data_param", "memory_data_param",
+                 "window_data_param"):
         if layer.HasField(name):
             return int(getattr(layer, name).batch_size)
     return 0
