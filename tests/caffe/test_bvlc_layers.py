@@ -76,16 +76,10 @@ def test_argmax_matches_caffe(top_k, out_max_val, axis):
     np.testing.assert_array_equal(got, want)
 
 
-def test_argmax_2d_and_errors():
+def test_argmax_2d():
     x = RNG.normal(size=(3, 7))
     got = _run(bvlc.CaffeArgMax(2, True), x)
     np.testing.assert_allclose(got, np_argmax(x, 2, True), rtol=1e-6)
-    with pytest.raises(CaffeFormatError, match="top_k"):
-        _net('layer { name: "am" type: "ArgMax" bottom: "x" top: "y" '
-             'argmax_param { top_k: 9 axis: 1 } }', x=(2, 4, 3, 5))
-    with pytest.raises(CaffeFormatError, match="axis 4 is out of range"):
-        _net('layer { name: "am" type: "ArgMax" bottom: "x" top: "y" '
-             'argmax_param { axis: 4 } }', x=(2, 4, 3, 5))
 
 
 # -- Reduction --------------------------------------------------------------------------------
@@ -197,13 +191,11 @@ def test_tile_forward_backward(axis, tiles):
     np.testing.assert_allclose(dx, np.sum(split, axis=0), rtol=1e-5, atol=1e-6)
 
 
-def test_tile_net_and_errors():
+def test_tile_net():
     x = RNG.normal(size=(2, 3))
     built = _net('layer { name: "t" type: "Tile" bottom: "x" top: "y" tile_param { tiles: 2 } }',
                  x=(2, 3))
     np.testing.assert_allclose(_forward(built, x)[0], np.tile(x, (1, 2)), rtol=1e-6)
-    with pytest.raises(CaffeFormatError, match="tiles"):
-        _net('layer { name: "t" type: "Tile" bottom: "x" top: "y" }', x=(2, 3))
 
 
 # -- Embed ------------------------------------------------------------------------------------
@@ -293,18 +285,6 @@ def test_spp_forward_backward(pool, height, hw):
     _, dx = _run_grad(layer, x1, dy[:1])[:2]
     num = _numeric_grad(lambda v: np_spp(v, height, pool), x1, dy[:1])
     np.testing.assert_allclose(dx, num, rtol=1e-3, atol=1e-4)
-
-
-def test_spp_errors():
-    # Caffe's pooling refuses pad >= kernel: 4 bins over 5 rows need kernel 2, pad 2
-    with pytest.raises(CaffeFormatError, match="pad 2 >= kernel 2"):
-        _net('layer { name: "s" type: "SPP" bottom: "x" top: "y" '
-             'spp_param { pyramid_height: 3 } }', x=(1, 2, 5, 8))
-    with pytest.raises(CaffeFormatError, match="STOCHASTIC"):
-        _net('layer { name: "s" type: "SPP" bottom: "x" top: "y" '
-             'spp_param { pyramid_height: 2 pool: STOCHASTIC } }', x=(1, 2, 4, 4))
-    with pytest.raises(CaffeFormatError, match="4-D"):
-        _net('layer { name: "s" type: "SPP" bottom: "x" top: "y" }', x=(1, 2))
 
 
 # -- Im2col -----------------------------------------------------------------------------------
@@ -459,3 +439,23 @@ def test_filter_in_a_compiled_function():
     s = np.array([[1], [0], [1], [0], [3]], np.float32)
     got = built.model.predict([x, s], verbose=0, batch_size=5)
     np.testing.assert_allclose(got, x[[0, 2, 4]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("layer,shape,match", [
+    ('type: "ArgMax" argmax_param { top_k: 9 axis: 1 }', (2, 4, 3, 5), "top_k"),
+    ('type: "ArgMax" argmax_param { axis: 4 }', (2, 4, 3, 5), "axis 4 is out of range"),
+    ('type: "Tile"', (2, 3), "tiles"),
+    ('type: "Tile" tile_param { axis: 0 tiles: 2 }', (2, 3), "batch"),
+    ('type: "Embed" embed_param { num_output: 3 }', (2,), "input_dim"),
+    # Caffe's pooling refuses pad >= kernel: 4 bins over 5 rows need kernel 2, pad 2
+    ('type: "SPP" spp_param { pyramid_height: 3 }', (1, 2, 5, 8), "pad 2 >= kernel 2"),
+    ('type: "SPP" spp_param { pyramid_height: 2 pool: STOCHASTIC }', (1, 2, 4, 4),
+     "STOCHASTIC"),
+    ('type: "SPP"', (1, 2), "4-D"),
+    ('type: "Im2col" convolution_param { kernel_size: 2 axis: 2 }', (1, 2, 4, 4), "axis"),
+    ('type: "MVN" mvn_param { eps: -1 }', (1, 2, 4, 4), "eps"),
+])
+def test_bad_params_name_the_layer(layer, shape, match):
+    with pytest.raises(CaffeFormatError, match=match) as e:
+        _net(f'layer {{ name: "bad" {layer} bottom: "x" top: "y" }}', x=shape)
+    assert "layer 'bad'" in str(e.value)
