@@ -362,7 +362,24 @@ class Net:
         return [s for s in net_data_sources(net_param, phase=phase, base_dirs=base)
                 if s.type != "Input"]
 
-    def _seed_generators(self) -> list:
+    def _rng_state(self) -> list:
+        """The random state of the layers (Dropout): each seed generator's state and, on
+        PyTorch, the global generator unseeded Keras dropout draws from."""
+        state = [keras.ops.convert_to_numpy(v.value) for v in self._seed_variables()]
+        if keras.backend.backend() == "torch":
+            import torch  # unseeded dropout uses torch's global generator
+            state.append(torch.random.get_rng_state())
+        return state
+
+    def _set_rng_state(self, state: list) -> None:
+        variables = self._seed_variables()
+        for v, st in zip(variables, state):
+            v.assign(st)
+        if keras.backend.backend() == "torch" and len(state) > len(variables):
+            import torch
+            torch.random.set_rng_state(state[-1])
+
+    def _seed_variables(self) -> list:
         return [l.seed_generator.state for l in self._model.layers
                 if getattr(l, "seed_generator", None) is not None]
 
@@ -430,8 +447,7 @@ class Net:
             self._feed_data_layers(lo, hi)
         self.reshape()
         self._push()
-        self._seed_states = [keras.ops.convert_to_numpy(v.value)
-                             for v in self._seed_generators()]
+        self._seed_states = self._rng_state() if self._phase == "TRAIN" else None
         cur = {b: keras.ops.convert_to_tensor(from_caffe_layout(self.blobs[b].data))
                for b in self._reads(lo, hi)}
         cur = self._run(lo, hi, cur)
@@ -552,11 +568,9 @@ class Net:
         seed_values = [keras.ops.convert_to_tensor(from_caffe_layout(self.blobs[b].diff))
                        for b in seeds]
         saved = None
-        gens = self._seed_generators()
-        if self._seed_states is not None and len(gens) == len(self._seed_states):
-            saved = [keras.ops.convert_to_numpy(v.value) for v in gens]
-            for v, st in zip(gens, self._seed_states):
-                v.assign(st)  # the same dropout masks as the forward pass
+        if self._seed_states is not None:
+            saved = self._rng_state()
+            self._set_rng_state(self._seed_states)  # the same dropout masks as the forward
 
         def objective(xs):
             cur = dict(zip(reads, xs[:len(reads)]))
@@ -571,8 +585,7 @@ class Net:
             gx, gw = gradients(objective, values, variables)
         finally:
             if saved is not None:
-                for v, st in zip(gens, saved):
-                    v.assign(st)
+                self._set_rng_state(saved)
         for b, g in zip(reads + written, gx):
             blob = self.blobs[b]
             blob.diff[...] = to_caffe_layout(g).reshape(blob.shape)
