@@ -356,3 +356,46 @@ def test_stochastic_pooling_train_phase_samples_window_values():
     prob = np.stack([w.reshape(1, 2, 4) / w.reshape(1, 2, 4).sum(-1, keepdims=True)
                      for _, _, w in _stochastic_windows(x, 2, 2)], 2).reshape(freq.shape)
     assert np.abs(freq - prob).max() < 0.12      # drawn with probability x / sum (4 sigma)
+
+
+def _max_mask_ref(x, k, s, p):
+    """PoolingLayer::Forward_cpu MAX with its mask top (first maximum, clipped windows)."""
+    n, c, h, w = x.shape
+    oh = -(-(h + 2 * p - k) // s) + 1
+    ow = -(-(w + 2 * p - k) // s) + 1
+    if p and (oh - 1) * s >= h + p:
+        oh -= 1
+    if p and (ow - 1) * s >= w + p:
+        ow -= 1
+    y, m = np.zeros((n, c, oh, ow)), np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            hs, ws = i * s - p, j * s - p
+            he, we = min(hs + k, h), min(ws + k, w)
+            hs, ws = max(hs, 0), max(ws, 0)
+            win = x[:, :, hs:he, ws:we].reshape(n, c, -1)
+            a = win.argmax(-1)
+            y[:, :, i, j] = win.max(-1)
+            m[:, :, i, j] = (hs + a // (we - ws)) * w + ws + a % (we - ws)
+    return y, m
+
+
+@pytest.mark.parametrize("hw,k,s,p", [((6, 8), 2, 2, 0), ((7, 9), 3, 2, 1), ((5, 7), 2, 2, 0)])
+def test_segnet_max_pool_mask_and_unpool(tmp_path, hw, k, s, p):
+    x = _rand(2, 3, *hw)
+    x[0, 0, 0, :2] = 5.0   # a tie: the first maximum wins, as Caffe's strict '>'
+    body = (f'layer {{ name: "pool" type: "Pooling" bottom: "x" top: "pool" top: "mask" '
+            f'pooling_param {{ pool: MAX kernel_size: {k} stride: {s} pad: {p} }} }}\n'
+            f'layer {{ name: "up" type: "Upsample" bottom: "pool" bottom: "mask" top: "up" '
+            f'upsample_param {{ scale: {s} upsample_h: {hw[0]} upsample_w: {hw[1]} }} }}')
+    net, _, _ = _net(tmp_path, {"x": x.shape}, body)
+    y_ref, m_ref = _max_mask_ref(x, k, s, p)
+    np.testing.assert_array_equal(_ours(net, [x], "pool"), y_ref.astype(np.float32))
+    np.testing.assert_array_equal(_ours(net, [x], "mask"), m_ref)
+    if k == s:  # SegNet's pooling: every index lies in its own cell of the output
+        want = np.zeros(x.shape, np.float32)
+        flat = want.reshape(2, 3, -1)
+        for a in range(2):
+            for c in range(3):
+                flat[a, c, m_ref[a, c].astype(int).reshape(-1)] = y_ref[a, c].reshape(-1)
+        np.testing.assert_array_equal(_ours(net, [x], "up"), want)

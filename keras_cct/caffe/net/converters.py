@@ -63,10 +63,13 @@ def _pooling(ctx, lp, xs):
     pad = _hw(ctx, p, "pad", "pad_h", "pad_w", 0)
     if p.global_pooling and (pad != (0, 0) or s != (1, 1)):
         raise ctx.error("global pooling needs pad 0 and stride 1")
+    if len(lp.top) > 2 or (len(lp.top) == 2 and pool != "MAX"):
+        raise ctx.error("Pooling has one top, or two (the output and the mask) for MAX")
     layer = cl.CaffePooling2D(pool, k, s, pad, global_pooling=p.global_pooling,
                               round_mode=converters_forks.pooling_round_mode(ctx, p),
-                              name=ctx.kname())
-    return [layer(x)]
+                              return_mask=len(lp.top) == 2, name=ctx.kname())
+    out = layer(x)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def _inner_product(ctx, lp, xs):

@@ -188,4 +188,4 @@ CONVERTERS: Dict[str, Callable] = {
     "ROIPooling": _roi_pooling, "Axpy": _axpy, "ShuffleChannel": _shuffle_channel,
     "ReLU6": _relu6, "ConvolutionDepthwise": _convolution_depthwise,
 }
-MULTI_TOP: Set[str] = set()  # types whose layers may have several tops
+MULTI_TOP: Set[str] = {"Pooling"}  # types whose layers may have several tops (MAX's mask)

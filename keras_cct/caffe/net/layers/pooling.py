@@ -48,11 +48,14 @@ class CaffePooling2D(keras.layers.Layer):
         round_mode: ``"CEIL"`` (Caffe's default) or ``"FLOOR"`` (the forks' ``ceil_mode:
             false``).
         seed: the STOCHASTIC sampling seed (``None``: unseeded).
+        return_mask: MAX only: also return Caffe's second top, the flat index ``h * W + w``
+            of each window's (first) maximum in the input, as floats (SegNet's Upsample
+            reads it).
     """
 
     def __init__(self, pool: str = "MAX", kernel_size=2, strides=1, padding=0,
                  global_pooling: bool = False, round_mode: str = "CEIL",
-                 seed: Optional[int] = None, **kwargs) -> None:
+                 seed: Optional[int] = None, return_mask: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         pool = pool.upper()
         if pool not in ("MAX", "AVE", "STOCHASTIC"):
@@ -67,6 +70,9 @@ class CaffePooling2D(keras.layers.Layer):
         self.global_pooling = bool(global_pooling)
         self.round_mode = round_mode
         self.seed = seed
+        self.return_mask = bool(return_mask)
+        if self.return_mask and pool != "MAX":
+            raise ValueError("only MAX pooling has a mask top")
         self.seed_generator = (keras.random.SeedGenerator(seed) if pool == "STOCHASTIC"
                                else None)
 
@@ -92,7 +98,7 @@ class CaffePooling2D(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         n, h, w, c = input_shape
         *_, oh, ow = self._geometry(h, w)
-        return (n, oh, ow, c)
+        return [(n, oh, ow, c)] * 2 if self.return_mask else (n, oh, ow, c)
 
     def _divisor(self, h, w, kh, kw, sh, sw, ph, pw, oh, ow) -> Optional[np.ndarray]:
         def sizes(n_out, size, k, s, p):
@@ -104,13 +110,15 @@ class CaffePooling2D(keras.layers.Layer):
             return None
         return (kh * kw / div).reshape(oh, ow, 1)
 
-    def _windows(self, x, geometry):
-        """The (N, oh, ow, C, kh*kw) windows of STOCHASTIC pooling (no padding; windows past
-        the bottom/right edge are zero-filled, which changes neither sum)."""
+    def _windows(self, x, geometry, pad=(0, 0), value=0.0):
+        """The (N, oh, ow, C, kh*kw) windows (row-major within a window) of the input padded
+        by ``pad`` at the top/left and filled with ``value`` past the image. STOCHASTIC pooling
+        uses no padding and zeros (which change neither sum)."""
         kh, kw, sh, sw, _, _, oh, ow = geometry
         h, w = x.shape[1], x.shape[2]
-        x = ops.pad(x, [[0, 0], [0, max(0, (oh - 1) * sh + kh - h)],
-                        [0, max(0, (ow - 1) * sw + kw - w)], [0, 0]])
+        x = ops.pad(x, [[0, 0], [pad[0], max(0, (oh - 1) * sh + kh - h - pad[0])],
+                        [pad[1], max(0, (ow - 1) * sw + kw - w - pad[1])], [0, 0]],
+                    constant_values=value)
         parts = [x[:, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw, :]
                  for i in range(kh) for j in range(kw)]
         return ops.stack(parts, axis=-1)
@@ -127,11 +135,31 @@ class CaffePooling2D(keras.layers.Layer):
         pick = ops.argmax(ops.cast(hit, "int32"), axis=-1)
         return ops.squeeze(ops.take_along_axis(win, pick[..., None], axis=-1), axis=-1)
 
+    def _mask(self, x, geometry):
+        """Caffe's MAX mask: the input's flat index of each window's first maximum."""
+        kh, kw, sh, sw, ph, pw, oh, ow = geometry
+        low = float(np.finfo(np.float32).min)
+        pick = ops.argmax(self._windows(x, geometry, (ph, pw), low), axis=-1)   # (N,oh,ow,C)
+        # window element k = i * kw + j sits at input (a*sh - ph + i, b*sw - pw + j)
+        i, j = pick // kw, pick % kw
+        a = ops.convert_to_tensor((np.arange(oh) * sh - ph).astype("int32"))[None, :, None, None]
+        b = ops.convert_to_tensor((np.arange(ow) * sw - pw).astype("int32"))[None, None, :, None]
+        index = (a + ops.cast(i, "int32")) * int(x.shape[2]) + b + ops.cast(j, "int32")
+        return ops.stop_gradient(ops.cast(index, x.dtype))
+
     def call(self, x, training=None):
         h, w = x.shape[1], x.shape[2]
         kh, kw, sh, sw, ph, pw, oh, ow = self._geometry(h, w)
         if self.pool == "STOCHASTIC":
             return self._stochastic(x, (kh, kw, sh, sw, ph, pw, oh, ow), bool(training))
+        if self.return_mask:
+            return [self._pool(x, (kh, kw, sh, sw, ph, pw, oh, ow)),
+                    self._mask(x, (kh, kw, sh, sw, ph, pw, oh, ow))]
+        return self._pool(x, (kh, kw, sh, sw, ph, pw, oh, ow))
+
+    def _pool(self, x, geometry):
+        h, w = x.shape[1], x.shape[2]
+        kh, kw, sh, sw, ph, pw, oh, ow = geometry
         bottom = max(0, (oh - 1) * sh + kh - h - ph)
         right = max(0, (ow - 1) * sw + kw - w - pw)
         pads = [[0, 0], [ph, bottom], [pw, right], [0, 0]]
@@ -161,6 +189,8 @@ class CaffePooling2D(keras.layers.Layer):
                    round_mode=self.round_mode)
         if self.pool == "STOCHASTIC":
             cfg["seed"] = self.seed
+        if self.return_mask:
+            cfg["return_mask"] = True
         return cfg
 
 
