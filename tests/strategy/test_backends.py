@@ -457,3 +457,48 @@ def test_the_opencl_shard_runs_while_the_backend_shard_computes(opencl, monkeypa
     assert 0.6 <= wall < 1.0, wall  # one after the other: 1.2 s at least
     rows = s.report()
     assert all(r["last_ms"] >= 600 for r in rows), rows
+
+
+_ONE_CPU_FIT = """
+import json, os, sys
+os.sched_setaffinity(0, {0})  # before JAX starts its thread pools, as a 1-CPU container
+sys.path.insert(0, os.getcwd())
+import keras
+import numpy as np
+from keras_cct import CCTStrategy, HybridConv2D
+s = CCTStrategy(["opencl:0:0"], split="flops")
+with s.scope():
+    inp = keras.Input((32, 32, 16))
+    h = HybridConv2D(32, 3, padding="same", activation="relu")(inp)
+    h = HybridConv2D(32, 3, padding="same")(h)
+    model = keras.Model(inp, keras.layers.Dense(4)(keras.layers.GlobalAveragePooling2D()(h)))
+model.compile(keras.optimizers.SGD(0.01), "mse")
+rng = np.random.default_rng(0)
+x = rng.standard_normal((16 * 8, 32, 32, 16)).astype("float32")
+y = rng.standard_normal((16 * 8, 4)).astype("float32")
+hist = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+print(json.dumps({"loss": hist.history["loss"], "nproc": os.environ.get("NPROC"),
+                  "images": [r["images"] for r in s.report()]}))
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax" or not hasattr(os, "sched_setaffinity"),
+                    reason="XLA's CPU thread pool (JAX) on a one-CPU process")
+def test_fit_in_a_one_cpu_process_does_not_hang(opencl):
+    """A process that may use one CPU (pinned; a one-CPU container) trains under an
+    OpenCL-only strategy: XLA sized its pool to one thread and ``fit``'s next step, dispatched
+    ahead, held it while this step's host callback waited for its operands -- ``fit`` hung
+    (benchmarks/hybrid.py's ``jax-cl1``). keras_cct gives the pool two threads (NPROC)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+    env["KERAS_BACKEND"] = "jax"
+    run = subprocess.run([sys.executable, "-c", _ONE_CPU_FIT], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["nproc"] == "2", out
+    assert all(np.isfinite(out["loss"])) and out["images"] == [16, 16], out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import jax
@@ -15,6 +16,29 @@ from keras_cct.lowering.geometry import ConvGeometry
 
 NAME = "jax"
 __all__ = generic.__all__
+
+
+def _host_callback_threads() -> None:
+    """Gives XLA's CPU client at least two pool threads (``NPROC``, which XLA reads for the
+    size of that pool, when the user has not set it), before the client exists.
+
+    The pool is sized by the CPUs the process may use. With one (a process pinned to a core, a
+    one-CPU container), a compiled step whose host callback reads its operands (CCTStrategy's
+    OpenCL shards, the OpenCL op) waits for their transfer, which is queued behind the next
+    step, which ``model.fit`` has already dispatched and which waits on the pool's only thread
+    for this step: ``fit`` hung (seen with the process pinned to one core; 2 threads fixed it).
+    Two threads on one core cost nothing measurable: the second only moves buffers. If the
+    client already exists, this changes nothing."""
+    if "NPROC" in os.environ:
+        return
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity masks on this OS)
+        cpus = os.cpu_count() or 1
+    os.environ["NPROC"] = str(max(2, cpus))
+
+
+_host_callback_threads()
 
 
 def native_conv(x, kernel, geo: ConvGeometry):
