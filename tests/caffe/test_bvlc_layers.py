@@ -454,6 +454,7 @@ def test_filter_in_a_compiled_function():
     ('type: "SPP"', (1, 2), "4-D"),
     ('type: "Im2col" convolution_param { kernel_size: 2 axis: 2 }', (1, 2, 4, 4), "axis"),
     ('type: "MVN" mvn_param { eps: -1 }', (1, 2, 4, 4), "eps"),
+    ('type: "Parameter" parameter_param { shape { dim: 2 } }', (1, 2), "no bottom"),
 ])
 def test_bad_params_name_the_layer(layer, shape, match):
     with pytest.raises(CaffeFormatError, match=match) as e:

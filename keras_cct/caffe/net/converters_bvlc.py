@@ -87,6 +87,9 @@ def _parameter(ctx, lp, xs):
     if not shape or min(shape) < 1:
         raise ctx.error(f"parameter_param shape {shape} must have dims >= 1",
                         hint="give parameter_param { shape { dim: ... } }")
+    if len(lp.bottom):
+        raise ctx.error(f"Parameter takes no bottom, has {len(lp.bottom)}",
+                        hint="remove its bottom (Caffe refuses one too)")
     if not xs:
         raise ctx.error("Parameter layer has no anchor tensor to attach to")
     return [bvlc.CaffeParameter(shape, name=ctx.kname())(xs[0])]
