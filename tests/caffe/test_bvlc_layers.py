@@ -418,6 +418,10 @@ def test_hdf5_output_writes_caffe_datasets(tmp_path):
     with pytest.raises(CaffeFormatError, match="no top"):
         _net('layer { name: "h" type: "HDF5Output" bottom: "x" bottom: "l" '
              'hdf5_output_param { file_name: "o.h5" } }', x=(3, 2), l=(3,))
+    if keras.backend.backend() == "tensorflow":  # compiled, it cannot write: a typed error
+        import tensorflow as tf
+        with pytest.raises(KerasCCTError, match="eagerly"):
+            tf.function(lambda a, b: layer([a, b]))(cl.from_caffe_layout(x), lab)
 
 
 def test_layers_round_trip_config():
