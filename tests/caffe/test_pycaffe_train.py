@@ -340,3 +340,43 @@ def test_solver_nets_forward_their_data(tmp_path):
     np.testing.assert_allclose(solver.net.blobs["data"].data,
                                arrays["data"].transpose(0, 3, 1, 2))
     assert set(out) == {"loss"} and float(out["loss"]) > 0
+
+
+PY_MODULE = '''
+import numpy as np
+import caffe
+
+
+class Cube(caffe.Layer):
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data ** 3
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = 3 * bottom[0].data ** 2 * top[0].diff
+'''
+
+PY_NET = """
+name: "py"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "cube" type: "Python" bottom: "data" top: "cube"
+        python_param { module: "MODNAME" layer: "Cube" } }
+"""
+
+
+def test_python_layers_run_in_a_pycaffe_net(tmp_path):
+    import sys
+    name = "pycaffe_cube_layer"
+    (tmp_path / f"{name}.py").write_text(PY_MODULE)
+    (tmp_path / "py.prototxt").write_text(PY_NET.replace("MODNAME", name))
+    try:
+        net = caffe.Net(str(tmp_path / "py.prototxt"), caffe.TEST)
+        x = np.random.default_rng(3).normal(size=(2, 3)).astype(np.float32)
+        np.testing.assert_allclose(net.forward(data=x)["cube"], x ** 3, rtol=1e-6)
+        seed = np.random.default_rng(4).normal(size=(2, 3)).astype(np.float32)
+        d = net.backward(cube=seed)["data"]
+        np.testing.assert_allclose(d, 3 * x ** 2 * seed, rtol=1e-5)
+    finally:
+        sys.modules.pop(name, None)

@@ -93,6 +93,9 @@ class Net:
             TRAIN, Dropout drops and BatchNorm uses batch statistics.
         level, stages: the rest of Caffe's ``NetState``.
         input_shapes: ``{blob: (N, C, H, W)}`` overriding the prototxt's input shapes.
+        python_layers: run the net's ``Python`` layers, importing their modules, as pycaffe
+            does (``False``: such a net is refused, as :func:`~keras_cct.caffe.load_net`'s
+            default).
 
     Raises:
         CaffeFormatError: the files are missing or malformed (naming file, line and layer).
@@ -100,7 +103,8 @@ class Net:
 
     def __init__(self, network_file: PathLike, *args, weights: Optional[PathLike] = None,
                  phase=None, level: int = 0, stages: Sequence[str] = (),
-                 input_shapes: Optional[Mapping[str, Sequence[int]]] = None) -> None:
+                 input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                 python_layers: bool = True) -> None:
         weights, phase = _parse_args(args, weights, phase)
         path = os.fspath(network_file)
         if not os.path.isfile(path):
@@ -120,11 +124,11 @@ class Net:
         self._batch = next((int(x.batch_size) for x in self._sources or () if x.batch_size),
                            None)
         built = build_net(full, phase=phase, stages=tuple(stages), level=level,
-                          input_shapes=shapes, source=source)
+                          input_shapes=shapes, source=source, python_layers=python_layers)
         if weights is not None:
             load_weights(built.model, os.fspath(weights), strict=False,
                          net_param=built.net_param)
-        self._rebuild_args = (full, source, phase, tuple(stages), level)
+        self._rebuild_args = (full, source, phase, tuple(stages), level, python_layers)
         self._setup(built.model, built.net_param, list(built.inputs), phase, path)
 
     @classmethod
@@ -289,11 +293,11 @@ class Net:
                     f"the input shape of this net cannot change ({changed})", path=self._path,
                     hint="only the batch size may change for a solver's net")
             self._push()
-            full, source, phase, stages, level = self._rebuild_args
+            full, source, phase, stages, level, python_layers = self._rebuild_args
             shapes = {b: self.blobs[b].shape for b in built}
             self._batch = next(iter(shapes.values()))[0]
             fresh = build_net(full, phase=phase, stages=stages, level=level,
-                              input_shapes=shapes, source=source)
+                              input_shapes=shapes, source=source, python_layers=python_layers)
             old = {l.name: l for l in self._model.layers if l.weights}
             for layer in fresh.model.layers:
                 if layer.weights and layer.name in old:
