@@ -42,6 +42,11 @@ def test_mean_of_an_lmdb_and_of_an_image_list(tmp_path, capsys):
         assert (blob.num, blob.channels, blob.height, blob.width) == (1, 3, 5, 6)  # as Caffe
         np.testing.assert_allclose(blob_to_array(blob), want, rtol=1e-6)
     assert "Processed 7 files." in capsys.readouterr().out
+    assert main(["mean", str(tmp_path / "db")]) == 0  # no output file: the channel means
+    out = capsys.readouterr().out
+    for c in range(3):
+        value = float(out.split(f"mean_value channel [{c}]: ")[1].split()[0])
+        assert value == pytest.approx(images[..., c].mean(), rel=1e-5)
     # an image list, read as Caffe's ImageData (OpenCV, BGR); written here with Pillow (RGB)
     from PIL import Image
     lines = []

@@ -30,7 +30,8 @@ def _mean(args: argparse.Namespace) -> int:
     if not os.path.exists(args.source):
         raise DataError("not found", path=args.source,
                         hint="give an LMDB folder (or an image list with --list)")
-    check_output_file(args.output, "the mean file")
+    if args.output:
+        check_output_file(args.output, "the mean file")
     if args.list:
         mean, n = list_mean(args.source, root=args.root, gray=args.gray,
                             resize_height=args.resize_height, resize_width=args.resize_width,
@@ -41,9 +42,10 @@ def _mean(args: argparse.Namespace) -> int:
                             hint="give the LMDB folder, or --list for a file of 'path label' "
                                  "lines")
         mean, n = db_mean(args.source, progress=args.progress)
-    write_mean(args.output, mean)
     print(f"Processed {n} files.")
-    print(f"Write to {args.output}")
+    if args.output:  # compute_image_mean without OUTPUT_FILE prints the channel means only
+        write_mean(args.output, mean)
+        print(f"Write to {args.output}")
     for c in range(mean.shape[1]):
         print(f"mean_value channel [{c}]: {float(mean[0, c].mean()):.6g}")
     return 0
@@ -176,7 +178,8 @@ def register(subparsers) -> None:
                                    "(like compute_image_mean)")
     p.add_argument("source", help="the LMDB folder (or, with --list, a file of 'path label' "
                                   "lines)")
-    p.add_argument("output", help="the .binaryproto to write")
+    p.add_argument("output", nargs="?", default=None,
+                   help="the .binaryproto to write (none: print the channel means only)")
     caffe_flag(p, "backend", default="lmdb", help="the DB type (lmdb)")
     p.add_argument("--list", action="store_true",
                    help="SOURCE is an image list (images read with OpenCV, as ImageData)")
