@@ -5,6 +5,11 @@
   each convolution's batch across devices (:class:`~keras_cct.CCTStrategy`); ``--workers
   h:p,h:p --worker-index I`` trains data-parallel across processes
   (:mod:`keras_cct.strategy.cluster`), the solver's ``batch_size`` being the global batch.
+  ``--weights a,b`` loads each in order (Caffe's ``CopyLayers``), ``--stage``/``--level`` set the
+  TRAIN state, SIGINT/SIGHUP act as ``--sigint-effect``/``--sighup-effect`` say
+  (:mod:`keras_cct.caffe.tools.signals`).
+* Every flag of train/test/time also has Caffe's spellings (``-solver S``, ``--sigint_effect=
+  stop``), so a Caffe command line works as pasted.
 * ``cct test --model NET --weights W --iterations N`` -- like ``caffe test``.
 * ``cct time --model NET --iterations N`` -- like ``caffe time``: per-layer forward and backward
   milliseconds, and the lowering each convolution uses.

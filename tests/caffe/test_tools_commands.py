@@ -242,3 +242,52 @@ def test_device_query(capsys):
     assert "Querying device ID = 0" in out and "Device id:" in out and "Name:" in out
     assert main(["device_query", "-gpu", "99"]) == 1
     _one_line_error(capsys, "-gpu 99", "no device 99")
+
+
+def test_draw_through_pydot_when_installed(tmp_path, monkeypatch):
+    """draw_net.py's route (pydot + Graphviz; neither is installed here): a stand-in pydot
+    records the graph it is given."""
+    import shutil
+    import sys
+    import types
+
+    made = {"nodes": {}, "edges": [], "graph": None}
+
+    class Dot:
+        def __init__(self, name, **kw):
+            made["graph"] = (name, kw)
+
+        def add_node(self, node):
+            made["nodes"][node.name] = node.kw
+
+        def add_edge(self, edge):
+            made["edges"].append((edge.src, edge.dst, edge.kw["label"]))
+
+        def create(self, format):
+            return b"picture:" + format.encode()
+
+    class Node:
+        def __init__(self, name, **kw):
+            self.name, self.kw = name, kw
+
+    class Edge:
+        def __init__(self, src, dst, **kw):
+            self.src, self.dst, self.kw = src, dst, kw
+
+    monkeypatch.setitem(sys.modules, "pydot", types.SimpleNamespace(Dot=Dot, Node=Node,
+                                                                     Edge=Edge))
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/dot")
+    (tmp_path / "net.prototxt").write_text(DRAW_NET)
+    assert main(["draw", str(tmp_path / "net.prototxt"), str(tmp_path / "n.svg"),
+                 "--engine", "pydot", "-rankdir", "TB"]) == 0
+    assert (tmp_path / "n.svg").read_bytes() == b"picture:svg"
+    assert made["graph"] == ("feat", {"graph_type": "digraph", "rankdir": "TB"})
+    nodes = made["nodes"]
+    assert nodes["conv1_Convolution"]["fillcolor"] == "#FF5050"
+    assert nodes["conv1_Convolution"]["label"] == \
+        '"conv1 (Convolution) kernel size: 3 stride: 1 pad: 0"'  # TB: one line, as draw_net.py
+    assert nodes["pool1_Pooling"]["label"].startswith('"pool1 (Pooling MAX) kernel size: 2')
+    assert nodes["relu1_ReLU"]["fillcolor"] == "#90EE90"
+    assert nodes["conv1_blob"]["shape"] == "octagon"
+    assert ("d_Data", "data_blob", '"Batch 4"') in made["edges"]
+    assert ("conv1_Convolution", "conv1_blob", '"4"') in made["edges"]

@@ -117,7 +117,8 @@ def _pydot_bytes(g: NetGraph, rankdir: str, fmt: str) -> Optional[bytes]:
     dot = pydot.Dot(g.name, graph_type="digraph", rankdir=rankdir)
     for key, (label, kind, color) in g.nodes.items():
         shape = "octagon" if kind == "blob" else "record"
-        dot.add_node(pydot.Node(key, label=f'"{label}"', shape=shape, fillcolor=color,
+        text = label.replace('"', '\\"').replace("\n", "\\n")  # draw_net.py's '\\n'
+        dot.add_node(pydot.Node(key, label=f'"{text}"', shape=shape, fillcolor=color,
                                 style="filled"))
     for src, dst, label in g.edges:
         dot.add_edge(pydot.Edge(src, dst, label=f'"{label}"'))
