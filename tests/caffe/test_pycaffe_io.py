@@ -3,6 +3,11 @@ blob and datum conversions) against numpy written from pycaffe's io.py."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -145,3 +150,39 @@ def test_blobproto_and_datum_round_trips():
     np.testing.assert_array_equal(datum_to_array(datum), img)
     f = rng.normal(size=(2, 3, 3)).astype(np.float32)
     np.testing.assert_array_equal(datum_to_array(array_to_datum(f)), f)
+
+
+CHILD = r"""
+import json, sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("keras", "tensorflow", "jax", "jaxlib", "torch"):
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+
+sys.meta_path.insert(0, Block())
+import numpy as np
+import keras_cct.caffe as caffe   # pycaffe's spelling; caffe.io needs no Keras
+
+t = caffe.io.Transformer({"data": (1, 3, 4, 4)})
+t.set_transpose("data", (2, 0, 1))
+t.set_raw_scale("data", 255)
+img = caffe.io.load_image(sys.argv[1])
+x = t.preprocess("data", img)
+print(json.dumps({"shape": list(x.shape), "sum": float(x.sum()),
+                  "loaded": sorted(m for m in sys.modules if m.split(".")[0] == "keras")}))
+"""
+
+
+def test_caffe_io_runs_without_keras(tmp_path):
+    from PIL import Image
+    img = np.full((4, 4, 3), 10, np.uint8)
+    Image.fromarray(img).save(tmp_path / "i.png")
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "i.png")], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["shape"] == [3, 4, 4] and out["loaded"] == []
+    assert abs(out["sum"] - 48 * 10.0) < 1e-3

@@ -380,3 +380,21 @@ def test_python_layers_run_in_a_pycaffe_net(tmp_path):
         np.testing.assert_allclose(d, 3 * x ** 2 * seed, rtol=1e-5)
     finally:
         sys.modules.pop(name, None)
+
+
+def test_solver_test_nets_see_the_trained_weights(tmp_path):
+    path, arrays = _solver_files(tmp_path, "test_iter: 1 test_interval: 1000")
+    solver = caffe.AdamSolver(path, arrays=arrays, test_arrays=arrays, log=lambda line: None)
+    assert solver.type == "Adam" and len(solver.test_nets) == 1
+    test = solver.test_nets[0]
+    held = test.params["conv1"][0].data
+    start = held.copy()
+    solver.step(2)
+    assert np.abs(held - start).max() > 0  # refreshed in place after the step
+    np.testing.assert_array_equal(held, solver.net.params["conv1"][0].data)
+    out = test.forward()
+    for name, blobs in solver.net.params.items():
+        for a, b in zip(blobs, test.params[name]):
+            np.testing.assert_array_equal(a.data, b.data)
+    # the same batch through the train net (no dropout): the same loss
+    assert np.isclose(float(solver.net.forward()["loss"]), float(out["loss"]), rtol=1e-6)

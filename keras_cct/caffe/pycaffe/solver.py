@@ -91,8 +91,10 @@ class _PycaffeSolver:
             return fn(*args)
         finally:
             self.net._pull()
-            for t in self.test_nets:
-                t._pull()
+            for t in self.test_nets:  # arrays handed out show the trained weights too
+                if any(ps.arrays is not None for ps in t._param_sets.values()):
+                    t._push()  # shares the train net's weights
+                    t._pull()
 
     def step(self, iters: int) -> None:
         """Run ``iters`` iterations (tests and snapshots as the solver file says)."""
