@@ -113,8 +113,10 @@ def test_features_to_lmdb_and_npz_match_opencv(tmp_path, capsys, monkeypatch):
     relu, ip = _features_setup(tmp_path)
     # Caffe's order: weights, net, blobs, datasets, batches, db type
     assert main(["extract_features", "w.caffemodel", "net.prototxt", "conv1,ip1",
-                 "conv_db,ip_db", "2", "lmdb"]) == 0
-    assert "Successfully extracted the features!" in capsys.readouterr().out
+                 "conv_db,ip_db", "2", "lmdb", "GPU", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "Successfully extracted the features!" in captured.out
+    assert "GPU 0 ignored" in captured.err
     for db, want in (("conv_db", relu), ("ip_db", ip)):
         with DatumReader(tmp_path / db) as reader:
             items = list(reader.items())

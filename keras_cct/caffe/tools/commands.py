@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import List
 
 from keras_cct._args import check_output_file, nonneg_int, positive_int
@@ -63,6 +64,9 @@ def _features(args: argparse.Namespace) -> int:
                             f"pretrained_net_param feature_extraction_proto_file blob1[,blob2] "
                             f"dataset1[,dataset2] num_mini_batches db_type [CPU/GPU] [DEVICE_ID]")
     names = ("weights", "model", "blobs", "output", "batches", "db_type")
+    if len(pos) > 6:  # Caffe's [CPU/GPU] [DEVICE_ID]
+        print(f"cct features: note: {' '.join(pos[6:])} ignored: keras_cct runs on the Keras "
+              f"backend's device (see `cct devices`)", file=sys.stderr, flush=True)
     for name, value in zip(names, pos):
         if getattr(args, name) is not None:
             raise KerasCCTError(f"--{name.replace('_', '-')} given twice (as a flag and as a "
