@@ -231,16 +231,17 @@ def test_killed_worker_resume_from_snapshot(train_cluster, tmp_path, capsys):
 
 
 def test_devices_split_equals_plain_run(tmp_path, capsys):
-    """``--devices tf:cpu:0,opencl:0:0 --split 0.6,0.4`` in one process: the same weights as
-    the plain run, and the final table names both devices with their fractions."""
+    """``--devices <backend cpu>,opencl:0:0 --split 0.6,0.4`` in one process (``tf:cpu:0``,
+    ``jax:cpu:0`` or ``torch:cpu``: the Keras backend's own CPU): the same weights as the plain
+    run, and the final table names both devices with their fractions."""
     import keras
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("tf:cpu:0 devices and TensorFlow's multi-worker composition")
+    cpu, shown = {"tensorflow": ("tf:cpu:0",) * 2, "jax": ("jax:cpu:0",) * 2,
+                  "torch": ("torch:cpu", "torch:cpu:0")}[keras.backend.backend()]
     if not _opencl_available():
         pytest.skip("no OpenCL device (PoCL)")
     solver = _setup(tmp_path, max_iter=4, snapshot=0, test_interval=4)
     _single(tmp_path, solver, "plain/snap", capsys=capsys)
-    out = _single(tmp_path, solver, "split/snap", ["--devices", "tf:cpu:0,opencl:0:0",
+    out = _single(tmp_path, solver, "split/snap", ["--devices", f"{cpu},opencl:0:0",
                                                     "--split", "0.6,0.4", "--no-rebalance"],
                   capsys=capsys)
     _assert_same_weights(tmp_path / "split" / "snap_iter_4.caffemodel",
@@ -248,7 +249,7 @@ def test_devices_split_equals_plain_run(tmp_path, capsys):
     table = out[out.index("CCTStrategy split"):]
     for layer in ("conv1", "conv2"):
         rows = re.findall(rf"^\s*{layer}\s+(\S+)\s+(\S+)\s+(\d+)\s", table, re.M)
-        assert [r[0] for r in rows] == ["tf:cpu:0", "opencl:0:0"], table
+        assert [r[0] for r in rows] == [shown, "opencl:0:0"], table
         assert [float(r[1]) for r in rows] == [0.6, 0.4], table
         assert sum(int(r[2]) for r in rows) == 6 and int(rows[1][2]) > 0, table
 
