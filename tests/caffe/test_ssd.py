@@ -218,3 +218,17 @@ def test_detection_output_keras_model_roundtrip(tmp_path):
     layer = CaffeDetectionOutput(4, False, 1, 0.3, 5, "CENTER_SIZE", True, 6, 0.2)
     again = CaffeDetectionOutput.from_config(layer.get_config())
     assert again.get_config() == layer.get_config()
+
+
+def test_ssd_model_saves_reloads_and_predicts(ssd, tmp_path):
+    """Every fork layer is a registered serializable Keras layer; ``predict`` (compiled) gives
+    the eager detections."""
+    net, _, ours = ssd
+    path = tmp_path / "ssd.keras"
+    net.model.save(path)
+    again = keras.saving.load_model(path)
+    x = np.random.default_rng(2).uniform(0, 1, (1, 3, 64, 64)).astype(np.float32)
+    out = again.predict(from_caffe_layout(x), verbose=0)
+    got = detections(out[0] if isinstance(out, (list, tuple)) else out)
+    want = detections(ours["detection_out"])
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
