@@ -20,9 +20,10 @@ Public API (imported lazily, so ``import keras_cct.caffe`` stays light):
 * :func:`load_solver` -- a solver.prototxt -> a training :class:`Solver`.
 * ``proto`` -- Caffe's protobuf message classes (:mod:`keras_cct.caffe.io.proto`).
 * pycaffe's names (:mod:`keras_cct.caffe.pycaffe`), so that ``import keras_cct.caffe as caffe``
-  runs a pycaffe script: :class:`Net`, :class:`Classifier`, :func:`get_solver`,
-  :class:`SGDSolver` & co., ``TRAIN`` / ``TEST``, ``set_mode_cpu`` / ``set_mode_gpu`` /
-  ``set_device``, ``Layer`` (Python layers' base class), and ``io`` (:mod:`keras_cct.caffe.io`: ``Transformer``, ``load_image``, ...).
+  runs a pycaffe script: :class:`Net`, :class:`Classifier`, :class:`Detector`,
+  :func:`get_solver`, :class:`SGDSolver` & co., ``TRAIN`` / ``TEST``, ``set_mode_cpu`` /
+  ``set_mode_gpu`` / ``set_device``, ``Layer`` (Python layers' base class), and ``io``
+  (:mod:`keras_cct.caffe.io`: ``Transformer``, ``load_image``, ...).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ _EXPORTS = {
     # pycaffe's API
     "Net": "keras_cct.caffe.pycaffe.net",
     "Classifier": "keras_cct.caffe.pycaffe.classifier",
+    "Detector": "keras_cct.caffe.pycaffe.detector",
     "TRAIN": "keras_cct.caffe.pycaffe.blob",
     "TEST": "keras_cct.caffe.pycaffe.blob",
     "get_solver": "keras_cct.caffe.pycaffe.solver",

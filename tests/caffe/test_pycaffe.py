@@ -213,3 +213,39 @@ def test_errors_are_typed_and_one_line(tmp_path):
         assert match in text and "\n" not in text, text
     with pytest.raises(ValueError, match="phase must be caffe.TRAIN or caffe.TEST"):
         caffe.Net(prototxt, 5)
+
+
+@pytest.mark.shared
+def test_detector_windows_with_and_without_context(tmp_path):
+    prototxt, weights = _paths(CIFAR)
+    mean = np.array([104.0, 117.0, 123.0])
+    png = str(_color_png(tmp_path / "c.png"))
+    img = caffe.io.load_image(png)  # 40 x 48
+    windows = np.array([[8, 8, 24, 24], [0, 0, 12, 12], [10, 20, 30, 46]])
+
+    def model_input(crop):  # resize to 32x32, RGB [0,1] -> BGR [0,255] - mean, CHW
+        c = caffe.io.resize_image(crop, (32, 32)) if crop.shape[:2] != (32, 32) else crop
+        return (c[:, :, ::-1] * 255.0 - mean).transpose(2, 0, 1)
+
+    plain = caffe.Detector(prototxt, weights, mean=mean, raw_scale=255, channel_swap=(2, 1, 0))
+    dets = plain.detect_windows([(png, windows)])
+    assert [d["filename"] for d in dets] == [png] * 3
+    x = np.stack([model_input(img[a:c, b:d]) for a, b, c, d in windows]).astype(np.float32)
+    (cv,) = opencv_forward(prototxt, weights, {"data": x}, [plain.outputs[0]])
+    got = np.stack([d["prediction"] for d in dets])
+    assert rel_err(got, cv.reshape(got.shape)) <= TOL
+
+    ctx = caffe.Detector(prototxt, weights, mean=mean, raw_scale=255, channel_swap=(2, 1, 0),
+                         context_pad=4)
+    dets = ctx.detect_windows([(png, windows[:2])])
+    # by hand, from pycaffe's formulas: window (8, 8, 24, 24) with 4 px of context at 32 px
+    # is the box (5, 5, 28, 28) warped to 32x32; window (0, 0, 12, 12) is the box
+    # (-2, -2, 15, 15): clipped to (0, 0, 15, 15), warped to 28x28 at offset 4, the rest the
+    # mean (in [0, 1] RGB)
+    first = caffe.io.resize_image(img[5:28, 5:28], (32, 32))
+    second = np.ones((32, 32, 3), np.float32) * (mean[::-1] / 255.0)
+    second[4:, 4:] = caffe.io.resize_image(img[0:15, 0:15], (28, 28))
+    x = np.stack([model_input(first), model_input(second)]).astype(np.float32)
+    (cv,) = opencv_forward(prototxt, weights, {"data": x}, [ctx.outputs[0]])
+    got = np.stack([d["prediction"] for d in dets])
+    assert rel_err(got, cv.reshape(got.shape)) <= TOL

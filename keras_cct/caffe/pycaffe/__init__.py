@@ -1,6 +1,6 @@
-"""pycaffe's API over keras_cct (``import keras_cct.caffe as caffe``): :class:`Net`,
-the solvers (:func:`get_solver`, :class:`SGDSolver`, ...), :class:`Classifier`, ``TRAIN`` /
-``TEST`` and the mode functions. ``caffe.io`` is :mod:`keras_cct.caffe.io` (its
+"""pycaffe's API over keras_cct (``import keras_cct.caffe as caffe``): :class:`Net`, the
+solvers (:func:`get_solver`, :class:`SGDSolver`, ...), :class:`Classifier`, :class:`Detector`,
+``TRAIN`` / ``TEST`` and the mode functions. ``caffe.io`` is :mod:`keras_cct.caffe.io` (its
 :class:`~keras_cct.caffe.io.transformer.Transformer` and image helpers need no Keras).
 
 * :mod:`.net` -- :class:`Net` (blobs, params, forward/backward, save, copy_from).
@@ -9,5 +9,6 @@ the solvers (:func:`get_solver`, :class:`SGDSolver`, ...), :class:`Classifier`, 
 * :mod:`.grad` -- gradients on the current Keras backend (for ``backward``).
 * :mod:`.solver` -- the solvers over :class:`keras_cct.caffe.train.solver.Solver`.
 * :mod:`.classifier` -- :class:`Classifier` (10-crop oversampling).
+* :mod:`.detector` -- :class:`Detector` (windows with context padding).
 * :mod:`.mode` -- ``set_mode_cpu`` / ``set_mode_gpu`` / ``set_device``.
 """
