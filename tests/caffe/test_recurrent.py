@@ -175,6 +175,58 @@ def test_lstm_caffemodel_forward_cont_resets(tmp_path):
     assert rel_err(_run(net2, {"x": x, "cont": cont})["y"], ref) < 1e-5
 
 
+def check_carried_state(tmp_path):
+    """Without expose_hidden Caffe carries h_T, c_T to the next forward pass: two calls on the
+    halves of a sequence (cont 1 at the second half's start) give the whole sequence's h, and so
+    does predict in batches that cut the time axis; reset_states starts from zeros again."""
+    tmp_path = Path(tmp_path)
+    rng = np.random.default_rng(8)
+    t_, n, i_, hid = 8, 2, 3, 4
+    net = import_net(_net(tmp_path, "LSTM", t_, n, (i_,), hid))
+    w = [_randn(rng, 4 * hid, i_, scale=0.5), _randn(rng, 4 * hid, scale=0.5),
+         _randn(rng, 4 * hid, hid, scale=0.5)]
+    net.model.get_layer("rec").set_weights([a.astype(np.float32) for a in w])
+    x, cont = _randn(rng, t_, n, i_), np.ones((t_, n))
+    cont[0] = 0
+    ref = np_lstm(x, cont, *w)[0]
+    half = t_ // 2
+    y1 = _run(net, {"x": x[:half], "cont": cont[:half]})["y"]
+    y2 = _run(net, {"x": x[half:], "cont": cont[half:]})["y"]
+    assert rel_err(np.concatenate([y1, y2]), ref) < 1e-5
+    state = net.model.get_layer("rec_state")
+    state.reset_states()
+    assert rel_err(_run(net, {"x": x[:half], "cont": cont[:half]})["y"], ref[:half]) < 1e-5
+    state.reset_states()
+    got = net.model.predict([from_caffe_layout(x.astype(np.float32)), cont.astype(np.float32)],
+                            batch_size=3, verbose=0)
+    assert rel_err(to_caffe_layout(np.asarray(got)), ref) < 1e-5
+    # the state is not a Caffe blob
+    save_weights(net, tmp_path / "s.caffemodel")
+    saved = proto.NetParameter.FromString((tmp_path / "s.caffemodel").read_bytes())
+    assert [lp.name for lp in saved.layer] == ["rec"] and len(saved.layer[0].blobs) == 3
+
+
+def test_hidden_state_carried_to_the_next_call(tmp_path):
+    check_carried_state(tmp_path)
+
+
+def test_recurrent_net_saves_as_keras(tmp_path):
+    """A .keras file of an LSTM net (its state layer is called twice) loads and computes the
+    same, its carried state starting from the saved values."""
+    rng = np.random.default_rng(9)
+    net = import_net(_net(tmp_path, "LSTM", 4, 2, (3,), 5, static=(2, 3)))
+    net.model.get_layer("rec").set_weights(
+        [rng.normal(0, 0.5, tuple(v.shape)).astype(np.float32)
+         for v in net.model.get_layer("rec").weights])
+    feeds = [from_caffe_layout(rng.normal(size=(4, 2, 3)).astype(np.float32)),
+             np.ones((4, 2), np.float32), rng.normal(size=(2, 3)).astype(np.float32)]
+    net.model(feeds)  # a state to carry
+    net.model.save(tmp_path / "lstm.keras")
+    again = keras.saving.load_model(tmp_path / "lstm.keras")
+    assert rel_err(keras.ops.convert_to_numpy(again(feeds)),
+                   keras.ops.convert_to_numpy(net.model(feeds))) < 1e-6
+
+
 def test_lstm_static_input_and_exposed_hidden(tmp_path):
     rng = np.random.default_rng(1)
     t_, n, hid = 4, 2, 3
@@ -385,7 +437,9 @@ def test_jax_and_torch_backends():
     for backend in ("jax", "torch"):
         code = (f"import keras; assert keras.backend.backend() == {backend!r}; "
                 "from tests.caffe.test_recurrent import check_lstm_gradients as c; "
-                "c(True, True); c(False, False); print('ok')")
+                "c(True, True); c(False, False); "
+                "from tests.caffe.test_recurrent import check_carried_state as s; "
+                "import tempfile; s(tempfile.mkdtemp()); print('ok')")
         env = dict(os.environ, KERAS_BACKEND=backend)
         res = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=600)

@@ -2,6 +2,9 @@
 ``(ctx, layer_param, bottom tensors) -> list of top tensors``, merged into
 :data:`keras_cct.caffe.net.converters.CONVERTERS`.
 
+LSTM and RNN without ``expose_hidden`` carry their last hidden state to the next call, as
+Caffe does (:class:`~keras_cct.caffe.net.layers.recurrent.CaffeRecurrentState`).
+
 A ``Python`` layer is built only when the caller asked for it (``python_layers=True``, which
 sets ``ctx.python_layers``); otherwise it is a :class:`~keras_cct.errors.CaffeFormatError`
 naming the module and class the file wants to run and how to allow it."""
@@ -14,7 +17,8 @@ from typing import Callable, Dict, Optional, Set
 from keras_cct.caffe.io import proto
 from keras_cct.caffe.net.context import Ctx
 from keras_cct.caffe.net.layers.recurrent import (FILLER_TYPES, CaffeLSTM, CaffeLSTMUnit,
-                                                  CaffePythonLayer, CaffeRNN)
+                                                  CaffePythonLayer, CaffeRecurrentState,
+                                                  CaffeRNN)
 from keras_cct.caffe.net.layout import caffe_shape
 
 __all__ = ["CONVERTERS", "MULTI_TOP"]
@@ -62,11 +66,17 @@ def _recurrent(cls, states: int):
             if caffe_shape(s.shape)[1:] != want[1:]:
                 raise ctx.error(f"{t}'s hidden-state bottom must be {want}, got Caffe shape "
                                 f"{caffe_shape(s.shape)}")
-        layer = cls(int(p.num_output), static_input=static, expose_hidden=p.expose_hidden,
+        # without expose_hidden, Caffe carries h_T (, c_T) to the next forward pass: the layer
+        # gets state inputs/outputs, wired to a CaffeRecurrentState
+        layer = cls(int(p.num_output), static_input=static, expose_hidden=True,
                     weight_filler=_filler(ctx, lp, "weight_filler"),
                     bias_filler=_filler(ctx, lp, "bias_filler"), name=ctx.kname())
-        out = layer(list(xs))
-        return list(out) if isinstance(out, (list, tuple)) else [out]
+        if p.expose_hidden:
+            return list(layer(list(xs)))
+        carry = CaffeRecurrentState(states, int(p.num_output), int(xc[1]),
+                                    name=ctx.kname() + "_state")
+        out = layer(list(xs) + list(carry(x)))
+        return [carry(list(out))]
     return build
 
 

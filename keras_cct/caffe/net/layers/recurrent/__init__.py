@@ -9,9 +9,11 @@ with Caffe's exact semantics.
 Importing this package registers its layers for ``keras.saving.load_model``."""
 
 from keras_cct.caffe.net.layers.recurrent.lstm import (FILLER_TYPES, CaffeLSTM, CaffeLSTMUnit,
-                                                       CaffeRNN, filler_initializer)
+                                                       CaffeRecurrentState, CaffeRNN,
+                                                       filler_initializer)
 
-__all__ = ["CaffeLSTM", "CaffeRNN", "CaffeLSTMUnit", "filler_initializer", "FILLER_TYPES"]
+__all__ = ["CaffeLSTM", "CaffeRNN", "CaffeLSTMUnit", "CaffeRecurrentState",
+           "filler_initializer", "FILLER_TYPES"]
 from keras_cct.caffe.net.layers.recurrent.python_layer import (Blob, CaffePythonLayer, Layer,
                                                                allow_python_layers,
                                                                python_layer_class)

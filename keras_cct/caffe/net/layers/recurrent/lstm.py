@@ -13,10 +13,10 @@ Variables are Caffe's blobs, same order and shapes (``caffe_type`` tells the wei
 so a caffemodel's LSTM/RNN blobs load as they are.
 
 Caffe carries the hidden state from one forward pass to the next when ``expose_hidden`` is
-false; these layers start every call from zeros (h_0 = c_0 = 0), which is the same thing
-whenever ``cont`` is 0 at each stream's first step (as Caffe's sequence data gives it). As T is
-the Keras batch axis, give a model whole sequences (``model(inputs)``, or ``predict`` with
-``batch_size=T``): smaller batches would cut the time axis into pieces that start from zeros.
+false: the importer then pairs the layer (built with state inputs and outputs) with a
+:class:`CaffeRecurrentState` holding ``h_T`` (, ``c_T``) for the next call. Called alone, these
+layers start from zeros without ``expose_hidden``. As T is the Keras batch axis, give a model
+whole sequences (``model(inputs)``, or ``predict`` with ``batch_size=T``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from keras_cct.caffe.net.layout import from_caffe_layout, to_caffe_layout
 
 _PKG = "keras_cct"
 
-__all__ = ["CaffeLSTM", "CaffeRNN", "CaffeLSTMUnit", "filler_initializer", "FILLER_TYPES"]
+__all__ = ["CaffeLSTM", "CaffeRNN", "CaffeLSTMUnit", "CaffeRecurrentState",
+           "filler_initializer", "FILLER_TYPES"]
 
 FILLER_TYPES = ("constant", "uniform", "gaussian", "xavier", "msra")
 _NORMS = ("FAN_IN", "FAN_OUT", "AVERAGE")
@@ -87,8 +88,8 @@ def _scan(step, init, xs):
         last, ys = ops.scan(step, init, xs)
         return last, ys[0]
     carry, hs = init, []
-    for t in range(int(xs[0].shape[0])):
-        carry, _ = step(carry, tuple(x[t] for x in xs))
+    for t in range(int(xs.shape[0])):
+        carry, _ = step(carry, xs[t])
         hs.append(carry[0])
     return carry, ops.stack(hs)
 
@@ -186,10 +187,11 @@ class _Recurrent(keras.layers.Layer):
         w_h = ops.transpose(self.w_h)
 
         def step(carry, inp):
-            xw_t, cont_t = inp
-            return self._step(carry, xw_t, cont_t[:, None], w_h)
+            return self._step(carry, inp[:, :-1], inp[:, -1:], w_h)
 
-        last, hs = _scan(step, init, (xw, cont))
+        # one sequence to scan (Keras' TF scan fails on several with a dynamic length)
+        last, hs = _scan(step, init, ops.concatenate([xw, ops.cast(cont, xw.dtype)[..., None]],
+                                                     axis=-1))
         ys = self._outputs(hs)
         out = from_caffe_layout(ys)
         if not self.expose_hidden:
@@ -302,3 +304,52 @@ class CaffeLSTMUnit(keras.layers.Layer):
         cont = ops.reshape(ops.cast(cont, dtype), (-1, 1))
         c, h = lstm_unit(c_prev, x, cont, hidden)
         return [from_caffe_layout(c[None]), from_caffe_layout(h[None])]
+
+
+@keras.saving.register_keras_serializable(package=_PKG)
+class CaffeRecurrentState(keras.layers.Layer):
+    """The hidden state Caffe carries from one forward pass to the next in a recurrent layer
+    without ``expose_hidden`` (``RecurrentLayer::Forward`` copies ``h_T`` (, ``c_T``) into
+    ``h_0`` (, ``c_0``); Caffe starts from zeros). Called twice in a net: on ``x`` it returns
+    the stored states (Keras layout ``(1, H, N)``, no gradient: Caffe does not backpropagate
+    across batches); on ``[y, h_T(, c_T)]`` it stores the new states and returns ``y``.
+    :meth:`reset_states` zeroes them (Caffe's ``RecurrentLayer::Reset``). Not Caffe blobs:
+    nothing is saved in a caffemodel."""
+
+    def __init__(self, num_states: int, num_output: int, streams: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.num_states, self.num_output = int(num_states), int(num_output)
+        self.streams = int(streams)
+        self.states = [self.add_weight(name=f"state{i}", shape=self._shape, initializer="zeros",
+                                       trainable=False) for i in range(self.num_states)]
+
+    @property
+    def _shape(self):
+        return (1, self.num_output, self.streams)
+
+    def build(self, input_shape):
+        pass
+
+    def compute_output_shape(self, input_shape):
+        if isinstance(input_shape, (list, tuple)) and isinstance(input_shape[0], (list, tuple)):
+            return tuple(input_shape[0])
+        return [self._shape] * self.num_states
+
+    def call(self, inputs):
+        if isinstance(inputs, (list, tuple)):
+            y, *last = inputs
+            for var, value in zip(self.states, last):
+                var.assign(ops.stop_gradient(ops.cast(value, var.dtype)))
+            return y
+        return [ops.stop_gradient(ops.cast(ops.convert_to_tensor(v), self.compute_dtype))
+                for v in self.states]
+
+    def reset_states(self) -> None:
+        for var in self.states:
+            var.assign(ops.zeros(self._shape, var.dtype))
+
+    def get_config(self):
+        cfg = super().get_config()
+        cfg.update(num_states=self.num_states, num_output=self.num_output,
+                   streams=self.streams)
+        return cfg
