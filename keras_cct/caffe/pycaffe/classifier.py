@@ -15,7 +15,25 @@ from keras_cct.caffe.pycaffe.net import Net
 
 PathLike = Union[str, os.PathLike]
 
-__all__ = ["Classifier"]
+__all__ = ["Classifier", "input_transformer"]
+
+
+def input_transformer(net: Net, mean=None, input_scale=None, raw_scale=None,
+                      channel_swap=None) -> Transformer:
+    """The :class:`Transformer` of ``net``'s first input from (H, W, K) images, with
+    pycaffe's Classifier/Detector options (those not ``None`` are set)."""
+    in_ = net.inputs[0]
+    t = Transformer({in_: net.blobs[in_].data.shape})
+    t.set_transpose(in_, (2, 0, 1))
+    if mean is not None:
+        t.set_mean(in_, mean)
+    if input_scale is not None:
+        t.set_input_scale(in_, input_scale)
+    if raw_scale is not None:
+        t.set_raw_scale(in_, raw_scale)
+    if channel_swap is not None:
+        t.set_channel_swap(in_, channel_swap)
+    return t
 
 
 class Classifier(Net):
@@ -37,16 +55,7 @@ class Classifier(Net):
                  channel_swap: Optional[Sequence[int]] = None) -> None:
         super().__init__(model_file, pretrained_file, TEST)
         in_ = self.inputs[0]
-        self.transformer = Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
         self.image_dims = np.array(image_dims if image_dims is not None else self.crop_dims)
 

@@ -11,8 +11,9 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from keras_cct.caffe.io.transformer import Transformer, load_image, resize_image
+from keras_cct.caffe.io.transformer import load_image, resize_image
 from keras_cct.caffe.pycaffe.blob import TEST
+from keras_cct.caffe.pycaffe.classifier import input_transformer
 from keras_cct.caffe.pycaffe.net import Net
 
 PathLike = Union[str, os.PathLike]
@@ -37,17 +38,7 @@ class Detector(Net):
                  channel_swap: Optional[Sequence[int]] = None,
                  context_pad: Optional[int] = None) -> None:
         super().__init__(model_file, pretrained_file, TEST)
-        in_ = self.inputs[0]
-        self.transformer = Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.configure_crop(context_pad)
 
     def detect_windows(self, images_windows: Sequence[Tuple[PathLike, Sequence]]
