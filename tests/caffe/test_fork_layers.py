@@ -91,8 +91,8 @@ def test_normalize_matches_opencv_numpy_and_gradients(tmp_path, across, shared):
     else:
         net, ours = _vs_opencv(tmp_path, {"x": x.shape}, body, "n", [x])
     layer = net.model.get_layer("n")
-    scale = layer.get_weights()[0]
-    assert scale.shape == ((1,) if shared else (4,))
+    scale = np.array(layer.get_weights()[0], np.float64)
+    assert scale.shape == (() if shared else (4,))   # SSD's blobs: a 0-D scalar or (C,)
     np.testing.assert_allclose(ours, _normalize_ref(x, scale, across, shared, 1e-6),
                                rtol=1e-5, atol=1e-6)
     dy = _rand(*x.shape, seed=3)
@@ -101,7 +101,7 @@ def test_normalize_matches_opencv_numpy_and_gradients(tmp_path, across, shared):
     num_dx = _numeric_grad(lambda a: _normalize_ref(a, scale.astype(np.float64), across,
                                                     shared, 1e-6), x64, dy)
     num_ds = _numeric_grad(lambda s: _normalize_ref(x64, s, across, shared, 1e-6),
-                           scale.astype(np.float64), dy)
+                           scale.copy(), dy)
     assert rel_err(dx, num_dx) < 1e-4 and rel_err(dscale, num_ds) < 1e-4
 
 

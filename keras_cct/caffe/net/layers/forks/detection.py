@@ -54,8 +54,8 @@ class CaffePermute(keras.layers.Layer):
 class CaffeNormalize(keras.layers.Layer):
     """SSD's Normalize (ParseNet's L2 norm): ``y = scale * x / sqrt(sum x^2 + eps)``, the sum
     over (C, H, W) of each image (``across_spatial``) or over C at each position; ``scale`` is
-    one learned value (``channel_shared``) or one per channel, held as Caffe's blob
-    (``(1,)`` or ``(C,)``)."""
+    one learned value (``channel_shared``) or one per channel, held as SSD's blob (a 0-D
+    scalar, ``vector<int>(0)``, or ``(C,)``)."""
 
     caffe_type = "Normalize"
 
@@ -70,8 +70,8 @@ class CaffeNormalize(keras.layers.Layer):
     def build(self, input_shape):
         if len(input_shape) < 2 or input_shape[-1] is None:
             raise ValueError("Normalize needs an input with a known channel axis")
-        n = 1 if self.channel_shared else int(input_shape[-1])
-        self.scale = self.add_weight(shape=(n,), initializer=self.scale_initializer,
+        shape = () if self.channel_shared else (int(input_shape[-1]),)
+        self.scale = self.add_weight(shape=shape, initializer=self.scale_initializer,
                                      name="scale")
 
     def compute_output_shape(self, input_shape):
