@@ -398,3 +398,15 @@ def test_solver_test_nets_see_the_trained_weights(tmp_path):
             np.testing.assert_array_equal(a.data, b.data)
     # the same batch through the train net (no dropout): the same loss
     assert np.isclose(float(solver.net.forward()["loss"]), float(out["loss"]), rtol=1e-6)
+
+
+def test_forward_all_drops_the_padding_of_per_sample_outputs(net):
+    # a batch of 3 and 4 inputs: the label blob (N,) and the conv blob come back with 4 rows
+    x = np.random.default_rng(5).normal(size=(4, 2, 5, 5)).astype(np.float32)
+    labels = np.array([1, 2, 3, 0], np.float32)
+    outs = net.forward_all(blobs=["label", "ip1"], data=x, label=labels)
+    np.testing.assert_array_equal(outs["label"], labels)
+    assert outs["ip1"].shape == (4, 4) and outs["loss"].shape == (2,)
+    net.forward(data=x[3:4].repeat(3, 0) * np.array([1, 0, 0])[:, None, None, None],
+                label=np.array([0, 0, 0], np.float32))
+    np.testing.assert_allclose(outs["ip1"][3], net.blobs["ip1"].data[0], rtol=1e-5)

@@ -1,6 +1,7 @@
 """Gradients of a scalar function of tensors and Keras variables, on the current backend
 (TensorFlow's ``GradientTape``, ``jax.grad`` under a ``keras.StatelessScope``, or
-``torch.autograd.grad``), for :meth:`keras_cct.caffe.pycaffe.Net.backward`."""
+``torch.autograd.grad``), and a model's random state (to replay dropout masks), for
+:meth:`keras_cct.caffe.pycaffe.net.Net.backward`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,32 @@ from typing import Callable, List, Sequence, Tuple
 import keras
 import numpy as np
 
-__all__ = ["gradients"]
+__all__ = ["gradients", "rng_state", "set_rng_state"]
+
+
+def _seed_variables(model) -> list:
+    return [l.seed_generator.state for l in model.layers
+            if getattr(l, "seed_generator", None) is not None]
+
+
+def rng_state(model) -> list:
+    """The random state of ``model``'s layers (Dropout): each seed generator's state and, on
+    PyTorch, the global generator that unseeded Keras dropout draws from."""
+    state = [keras.ops.convert_to_numpy(v.value) for v in _seed_variables(model)]
+    if keras.backend.backend() == "torch":
+        import torch  # unseeded dropout uses torch's global generator
+        state.append(torch.random.get_rng_state())
+    return state
+
+
+def set_rng_state(model, state: list) -> None:
+    """Put back a state from :func:`rng_state` (the same dropout masks are drawn again)."""
+    variables = _seed_variables(model)
+    for v, st in zip(variables, state):
+        v.assign(st)
+    if keras.backend.backend() == "torch" and len(state) > len(variables):
+        import torch
+        torch.random.set_rng_state(state[-1])
 
 
 def gradients(fn: Callable[[List], object], values: Sequence[np.ndarray],

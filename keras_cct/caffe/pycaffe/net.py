@@ -31,7 +31,8 @@ from keras_cct.caffe.net.losses import head_value
 from keras_cct.caffe.net.weights import caffe_type_of, keras_name, load_weights, save_weights
 from keras_cct.caffe.pycaffe.blob import (TEST, Blob, ParamBlob, ParamSet, phase_name,
                                          store)
-from keras_cct.caffe.pycaffe.grad import gradients
+from keras_cct.caffe.pycaffe.batching import Collected, batches_of
+from keras_cct.caffe.pycaffe.grad import gradients, rng_state, set_rng_state
 from keras_cct.caffe.pycaffe.steps import Step, make_steps
 from keras_cct.errors import CaffeFormatError
 
@@ -366,27 +367,6 @@ class Net:
         return [s for s in net_data_sources(net_param, phase=phase, base_dirs=base)
                 if s.type != "Input"]
 
-    def _rng_state(self) -> list:
-        """The random state of the layers (Dropout): each seed generator's state and, on
-        PyTorch, the global generator unseeded Keras dropout draws from."""
-        state = [keras.ops.convert_to_numpy(v.value) for v in self._seed_variables()]
-        if keras.backend.backend() == "torch":
-            import torch  # unseeded dropout uses torch's global generator
-            state.append(torch.random.get_rng_state())
-        return state
-
-    def _set_rng_state(self, state: list) -> None:
-        variables = self._seed_variables()
-        for v, st in zip(variables, state):
-            v.assign(st)
-        if keras.backend.backend() == "torch" and len(state) > len(variables):
-            import torch
-            torch.random.set_rng_state(state[-1])
-
-    def _seed_variables(self) -> list:
-        return [l.seed_generator.state for l in self._model.layers
-                if getattr(l, "seed_generator", None) is not None]
-
     def _run(self, lo: int, hi: int, cur: Dict[str, object], eps: Optional[Dict] = None,
              skip_heads: Iterable[str] = ()) -> Dict[str, object]:
         """Run steps ``lo..hi`` on the channels-last tensors in ``cur`` (updated and returned);
@@ -451,7 +431,7 @@ class Net:
             self._feed_data_layers(lo, hi)
         self.reshape()
         self._push()
-        self._seed_states = self._rng_state() if self._phase == "TRAIN" else None
+        self._seed_states = rng_state(self._model) if self._phase == "TRAIN" else None
         cur = {b: keras.ops.convert_to_tensor(from_caffe_layout(self.blobs[b].data))
                for b in self._reads(lo, hi)}
         cur = self._run(lo, hi, cur)
@@ -463,37 +443,6 @@ class Net:
                     keras.ops.convert_to_numpy(value), np.float32)))
         return {o: self.blobs[o].data for o in outputs}
 
-    def _batches_of(self, kwargs: Mapping[str, np.ndarray]):
-        """``(count, batches)``: the inputs cut into the input blob's batch size, the last
-        batch padded with zeros (pycaffe's ``_batch``)."""
-        n = len(next(iter(kwargs.values())))
-        size = self.blobs[self.inputs[0]].shape[0] or 1
-
-        def gen():
-            for i in range(0, n, size):
-                batch = {}
-                for k, v in kwargs.items():
-                    chunk = np.asarray(v[i:i + size], np.float32)
-                    if len(chunk) < size:
-                        chunk = np.concatenate([chunk, np.zeros((size - len(chunk),)
-                                                                + chunk.shape[1:], np.float32)])
-                    batch[k] = chunk
-                yield batch
-        return n, gen()
-
-    @staticmethod
-    def _collect(into: Dict[str, list], res: Mapping[str, np.ndarray]) -> None:
-        for o, v in res.items():
-            if np.ndim(v) == 0:
-                into.setdefault(o, []).append(np.array(v))  # a scalar (loss): one per batch
-            else:
-                into.setdefault(o, []).extend(np.array(v))
-
-    @staticmethod
-    def _packed(outs: Dict[str, list], n: int) -> Dict[str, np.ndarray]:
-        return {o: np.asarray(v) if v and np.ndim(v[0]) == 0 and len(v) != n else
-                np.asarray(v)[:n] for o, v in outs.items()}
-
     def forward_all(self, blobs: Optional[Sequence[str]] = None, **kwargs
                     ) -> Dict[str, np.ndarray]:
         """Forward inputs of any batch size in batches of the input blob's (the last padded
@@ -503,11 +452,11 @@ class Net:
             raise CaffeFormatError("forward_all needs the input arrays", path=self._path,
                                    hint=f"forward_all({self.inputs[0] if self.inputs else 'data'}"
                                         f"=array)")
-        n, batches = self._batches_of(kwargs)
-        outs: Dict[str, list] = {}
+        n, batches = batches_of(kwargs, self.blobs[self.inputs[0]].shape[0] or 1)
+        outs = Collected()
         for batch in batches:
-            self._collect(outs, self.forward(blobs=blobs, **batch))
-        return self._packed(outs, n)
+            outs.add(self.forward(blobs=blobs, **batch))
+        return outs.arrays(n)
 
     # -- backward -----------------------------------------------------------------------------
     def backward(self, diffs: Optional[Sequence[str]] = None, start: Optional[str] = None,
@@ -573,8 +522,8 @@ class Net:
                        for b in seeds]
         saved = None
         if self._seed_states is not None:
-            saved = self._rng_state()
-            self._set_rng_state(self._seed_states)  # the same dropout masks as the forward
+            saved = rng_state(self._model)
+            set_rng_state(self._model, self._seed_states)  # the forward's dropout masks
 
         def objective(xs):
             cur = dict(zip(reads, xs[:len(reads)]))
@@ -589,7 +538,7 @@ class Net:
             gx, gw = gradients(objective, values, variables)
         finally:
             if saved is not None:
-                self._set_rng_state(saved)
+                set_rng_state(self._model, saved)
         for b, g in zip(reads + written, gx):
             blob = self.blobs[b]
             blob.diff[...] = to_caffe_layout(g).reshape(blob.shape)
@@ -603,10 +552,9 @@ class Net:
         if not kwargs:
             raise CaffeFormatError("forward_backward_all needs the input arrays",
                                    path=self._path)
-        n, batches = self._batches_of(kwargs)
-        fw: Dict[str, list] = {}
-        bw: Dict[str, list] = {}
+        n, batches = batches_of(kwargs, self.blobs[self.inputs[0]].shape[0] or 1)
+        fw, bw = Collected(), Collected()
         for batch in batches:
-            self._collect(fw, self.forward(blobs=blobs, **batch))
-            self._collect(bw, self.backward(diffs=diffs))
-        return self._packed(fw, n), self._packed(bw, n)
+            fw.add(self.forward(blobs=blobs, **batch))
+            bw.add(self.backward(diffs=diffs))
+        return fw.arrays(n), bw.arrays(n)
