@@ -96,11 +96,11 @@ def ssd(tmp_path_factory):
     refs = opencv_forward(prototxt, weights, {"data": x}, BLOBS)
     outs = net.submodel(BLOBS)(from_caffe_layout(x))
     ours = [to_caffe_layout(keras.ops.convert_to_numpy(o)) for o in outs]
-    return net, dict(zip(BLOBS, refs)), dict(zip(BLOBS, ours))
+    return net, dict(zip(BLOBS, refs)), dict(zip(BLOBS, ours)), (prototxt, weights, x)
 
 
 def test_ssd_blobs_match_opencv(ssd):
-    _, refs, ours = ssd
+    _, refs, ours, _ = ssd
     for b in BLOBS[:-1]:
         assert ours[b].shape == refs[b].shape, b
         assert rel_err(ours[b], refs[b]) < 1e-5, b
@@ -110,7 +110,7 @@ def test_ssd_blobs_match_opencv(ssd):
 def test_ssd_detections_match_opencv(ssd):
     """Same detections (boxes within 1e-4, same labels and scores) in SSD's order; OpenCV 4.x
     orders each image's rows by score alone, so its rows are put in SSD's order first."""
-    _, refs, ours = ssd
+    _, refs, ours, _ = ssd
     ref = refs["detection_out"].reshape(-1, 7)
     ref = ref[ref[:, 2] > 0]
     got = detections(ours["detection_out"])
@@ -223,7 +223,7 @@ def test_detection_output_keras_model_roundtrip(tmp_path):
 def test_ssd_model_saves_reloads_and_predicts(ssd, tmp_path):
     """Every fork layer is a registered serializable Keras layer; ``predict`` (compiled) gives
     the eager detections."""
-    net, _, ours = ssd
+    net, _, ours, _ = ssd
     path = tmp_path / "ssd.keras"
     net.model.save(path)
     again = keras.saving.load_model(path)
@@ -232,3 +232,13 @@ def test_ssd_model_saves_reloads_and_predicts(ssd, tmp_path):
     got = detections(out[0] if isinstance(out, (list, tuple)) else out)
     want = detections(ours["detection_out"])
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_ssd_with_keras_conv2d_gives_the_same_detections(ssd):
+    """conv_impl="keras": Convolution and ConvolutionDepthwise as Keras' Conv2D."""
+    _, _, ours, (prototxt, weights, x) = ssd
+    net = import_net(prototxt, weights, conv_impl="keras")
+    assert type(net.model.get_layer("conv1__dw")).__name__ == "Conv2D"
+    out = net.submodel(["detection_out"])(from_caffe_layout(x))
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    np.testing.assert_allclose(detections(out), detections(ours["detection_out"]), atol=1e-5)

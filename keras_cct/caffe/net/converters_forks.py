@@ -14,6 +14,7 @@ import keras
 from keras_cct.caffe.io import proto
 from keras_cct.caffe.net.context import Ctx, conv_args, need_rank
 from keras_cct.caffe.net.layers import forks as fl
+from keras_cct.layers.convert import keras_conv_layers
 from keras_cct.layers.hybrid_conv2d import HybridConv2D
 
 __all__ = ["CONVERTERS", "MULTI_TOP", "pooling_round_mode"]
@@ -176,6 +177,12 @@ def _convolution_depthwise(ctx, lp, xs):
     if n_out % c:
         raise ctx.error(f"ConvolutionDepthwise num_output {n_out} is not a multiple of the "
                         f"{c} input channels")
+    if ctx.conv_impl == "keras":  # as Convolution: Keras' Conv2D after a ZeroPadding2D
+        for layer in keras_conv_layers(n_out, k, strides=s, padding=pad, dilation_rate=d,
+                                       groups=c, use_bias=bias, name=ctx.kname(),
+                                       pad_name=ctx.kname() + "_pad", **ctx.conv_options):
+            x = layer(x)
+        return [x]
     layer = HybridConv2D(n_out, k, strides=s, padding=((pad[0], pad[0]), (pad[1], pad[1])),
                          dilation_rate=d, groups=c, use_bias=bias, name=ctx.kname(),
                          **ctx.conv_options)

@@ -90,6 +90,8 @@ class CaffeDetectionOutput(keras.layers.Layer):
     Output: Caffe's ``(1, 1, R, 7)`` blob (Keras ``(1, R, 7, 1)``) with ``R`` the most
     detections possible: ``N * min(keep_top_k, C' * K)`` (``C'`` the non-background classes,
     ``K`` the NMS ``top_k`` or P); rows after the detections are -1 (see :func:`detections`).
+    Memory: the NMS compares ``K x K`` candidates per class and image, so give
+    ``nms_param.top_k`` (SSD's nets do: 400) where the priors are many.
     ``group_by_classes`` (default, SSD's order): each image's rows by label, then score;
     ``False``: by score alone (OpenCV's order).
     """
