@@ -399,3 +399,38 @@ def test_segnet_max_pool_mask_and_unpool(tmp_path, hw, k, s, p):
             for c in range(3):
                 flat[a, c, m_ref[a, c].astype(int).reshape(-1)] = y_ref[a, c].reshape(-1)
         np.testing.assert_array_equal(_ours(net, [x], "up"), want)
+
+
+def test_interp_to_the_second_bottoms_size(tmp_path):
+    x, ref = _rand(1, 2, 4, 5), _rand(1, 3, 9, 7)
+    body = 'layer { name: "i" type: "Interp" bottom: "x" bottom: "r" top: "i" }'
+    net, _, _ = _net(tmp_path, {"x": x.shape, "r": ref.shape}, body)
+    np.testing.assert_allclose(_ours(net, [x, ref], "i"), _interp_ref(x, 9, 7), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("inputs,body,match", [
+    ({"x": (1, 2, 4, 4)}, 'layer { name: "bad" type: "Permute" bottom: "x" top: "p" '
+     'permute_param { order: 0 order: 1 order: 1 order: 2 } }', "permutation"),
+    ({"x": (1, 2, 4, 4), "img": (1, 3, 8, 8)}, 'layer { name: "bad" type: "PriorBox" '
+     'bottom: "x" bottom: "img" top: "p" prior_box_param { max_size: 3 } }', "min_size"),
+    ({"x": (1, 2, 4, 4)}, 'layer { name: "bad" type: "PriorBox" bottom: "x" top: "p" '
+     'prior_box_param { min_size: 3 } }', "img_size"),
+    ({"l": (1, 8), "c": (1, 4), "p": (1, 2, 8)}, 'layer { name: "bad" type: "DetectionOutput" '
+     'bottom: "l" bottom: "c" bottom: "p" top: "d" }', "num_classes"),
+    ({"x": (1, 2, 4, 4)}, 'layer { name: "bad" type: "Interp" bottom: "x" top: "i" }',
+     "exactly one"),
+    ({"x": (1, 2, 4, 4)}, 'layer { name: "bad" type: "Interp" bottom: "x" top: "i" '
+     'interp_param { zoom_factor: 2 pad_beg: 1 } }', "pad_beg"),
+    ({"x": (1, 6, 4, 4)}, 'layer { name: "bad" type: "ShuffleChannel" bottom: "x" top: "s" '
+     'shuffle_channel_param { group: 4 } }', "group 4"),
+    ({"x": (1, 6, 4, 4)}, 'layer { name: "bad" type: "ConvolutionDepthwise" bottom: "x" '
+     'top: "s" convolution_param { num_output: 8 kernel_size: 3 } }', "multiple"),
+    ({"x": (1, 2, 4, 4)}, 'layer { name: "bad" type: "Pooling" bottom: "x" top: "p" top: "m" '
+     'pooling_param { pool: AVE kernel_size: 2 stride: 2 } }', "mask"),
+])
+def test_fork_layer_errors_name_the_layer_and_line(tmp_path, inputs, body, match):
+    from keras_cct.errors import CaffeFormatError
+    with pytest.raises(CaffeFormatError, match=match) as info:
+        _net(tmp_path, inputs, body)
+    assert info.value.layer == "bad" and info.value.line is not None
