@@ -210,6 +210,36 @@ def test_hidden_state_carried_to_the_next_call(tmp_path):
     check_carried_state(tmp_path)
 
 
+def check_fit_step(tmp_path):
+    """One model.fit SGD step on an imported LSTM net (MSE on h) moves the blobs by the
+    learning rate times numpy's finite-difference gradient; the carried state is then h_T."""
+    tmp_path = Path(tmp_path)
+    rng = np.random.default_rng(10)
+    t_, n, i_, hid = 4, 2, 3, 2
+    net = import_net(_net(tmp_path, "LSTM", t_, n, (i_,), hid))
+    layer = net.model.get_layer("rec")
+    w = [rng.normal(0, 0.5, tuple(v.shape)).astype(np.float32).astype(np.float64)
+         for v in layer.weights]
+    layer.set_weights([a.astype(np.float32) for a in w])
+    x, cont = _randn(rng, t_, n, i_), _cont(t_, n)
+    target = _randn(rng, t_, n, hid, scale=0.5)
+    lr = 0.5
+    net.model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
+    net.model.fit([from_caffe_layout(x.astype(np.float32)), cont.astype(np.float32)],
+                  from_caffe_layout(target.astype(np.float32)), batch_size=t_, epochs=1,
+                  shuffle=False, verbose=0)
+    grads = _fd(lambda a: float(((np_lstm(x, cont, *a)[0] - target) ** 2).mean()), w)
+    for v, a, g in zip(layer.weights, w, grads):
+        assert rel_err(keras.ops.convert_to_numpy(v), a - lr * g) < 1e-5
+    h_t = np_lstm(x, cont, *w)[1]
+    state = net.model.get_layer("rec_state").states[0]
+    assert rel_err(to_caffe_layout(keras.ops.convert_to_numpy(state)), h_t) < 1e-5
+
+
+def test_fit_step_matches_numpy(tmp_path):
+    check_fit_step(tmp_path)
+
+
 def test_recurrent_net_saves_as_keras(tmp_path):
     """A .keras file of an LSTM net (its state layer is called twice) loads and computes the
     same, its carried state starting from the saved values."""
@@ -433,13 +463,15 @@ def test_lstm_unit_gradients_match_finite_differences():
 
 
 def test_jax_and_torch_backends():
-    """The same forward and gradient checks once under KERAS_BACKEND=jax and =torch."""
+    """Gradients, the carried state and a fit step once under KERAS_BACKEND=jax and =torch."""
     for backend in ("jax", "torch"):
         code = (f"import keras; assert keras.backend.backend() == {backend!r}; "
                 "from tests.caffe.test_recurrent import check_lstm_gradients as c; "
                 "c(True, True); c(False, False); "
                 "from tests.caffe.test_recurrent import check_carried_state as s; "
-                "import tempfile; s(tempfile.mkdtemp()); print('ok')")
+                "import tempfile; s(tempfile.mkdtemp()); "
+                "from tests.caffe.test_recurrent import check_fit_step as f; "
+                "f(tempfile.mkdtemp()); print('ok')")
         env = dict(os.environ, KERAS_BACKEND=backend)
         res = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=600)

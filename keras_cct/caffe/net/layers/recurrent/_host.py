@@ -39,16 +39,16 @@ def _tf_call(layer, args, n_bottom: int):
         outs = tf.numpy_function(layer._forward_np(n_bottom), list(a), [tf.float32] * n_top,
                                  stateful=True, name="caffe_python_layer")
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        for o, s in zip(outs, top_shapes):
+        for o, s in zip(outs, top_shapes, strict=True):
             o.set_shape(s)
 
         def grad(*dys):
-            dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
+            dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys, strict=True)]
             gs = tf.numpy_function(layer._backward_np(n_bottom, len(a)), list(a) + dys,
                                    [tf.float32] * len(a), stateful=True,
                                    name="caffe_python_layer_grad")
             gs = list(gs) if isinstance(gs, (list, tuple)) else [gs]
-            for g, src in zip(gs, a):
+            for g, src in zip(gs, a, strict=True):
                 g.set_shape(src.shape)
             return list(gs)
 

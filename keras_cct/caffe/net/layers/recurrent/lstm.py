@@ -341,7 +341,9 @@ class CaffeRecurrentState(keras.layers.Layer):
             for var, value in zip(self.states, last):
                 var.assign(ops.stop_gradient(ops.cast(value, var.dtype)))
             return y
-        return [ops.stop_gradient(ops.cast(ops.convert_to_tensor(v), self.compute_dtype))
+        # a copy: the write below updates the variable in place (PyTorch's backward needs the
+        # value read)
+        return [ops.stop_gradient(ops.copy(ops.cast(ops.convert_to_tensor(v), self.compute_dtype)))
                 for v in self.states]
 
     def reset_states(self) -> None:
