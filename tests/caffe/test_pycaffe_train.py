@@ -9,6 +9,7 @@ import pytest
 
 import keras_cct.caffe as caffe
 from keras_cct.caffe import load_solver
+from keras_cct.errors import CaffeFormatError
 
 NET = """
 name: "tiny"
@@ -410,3 +411,19 @@ def test_forward_all_drops_the_padding_of_per_sample_outputs(net):
     net.forward(data=x[3:4].repeat(3, 0) * np.array([1, 0, 0])[:, None, None, None],
                 label=np.array([0, 0, 0], np.float32))
     np.testing.assert_allclose(outs["ip1"][3], net.blobs["ip1"].data[0], rtol=1e-5)
+
+
+def test_memory_data_net_and_set_input_arrays(tmp_path):
+    (tmp_path / "net.prototxt").write_text(SOLVER_NET)  # MemoryData, batch 4
+    net = caffe.Net(str(tmp_path / "net.prototxt"), caffe.TEST)
+    assert net.blobs["data"].shape == (4, 2, 5, 5)
+    rng = np.random.default_rng(11)
+    data = rng.normal(size=(8, 2, 5, 5)).astype(np.float32)
+    labels = np.arange(8, dtype=np.float32) % 3
+    net.set_input_arrays(data, labels)
+    for i in (0, 1, 0):  # batches in order, then again from the start
+        net.forward()
+        np.testing.assert_array_equal(net.blobs["data"].data, data[4 * i:4 * i + 4])
+        np.testing.assert_array_equal(net.blobs["label"].data, labels[4 * i:4 * i + 4])
+    with pytest.raises(CaffeFormatError, match="multiple of the batch size 4"):
+        net.set_input_arrays(data[:6], labels[:6])

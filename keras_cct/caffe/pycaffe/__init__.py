@@ -6,7 +6,8 @@ solvers (:func:`get_solver`, :class:`SGDSolver`, ...), :class:`Classifier`, :cla
 * :mod:`.net` -- :class:`Net` (blobs, params, forward/backward, save, copy_from).
 * :mod:`.steps` -- a built net as runnable Caffe layers.
 * :mod:`.blob` -- :class:`Blob`, the learnable blobs and the phase constants.
-* :mod:`.grad` -- gradients on the current Keras backend (for ``backward``).
+* :mod:`.grad` -- gradients on the current Keras backend (for ``backward``), dropout's state.
+* :mod:`.batching` -- ``forward_all``'s batches; :mod:`.data` -- the data layers' sources.
 * :mod:`.solver` -- the solvers over :class:`keras_cct.caffe.train.solver.Solver`.
 * :mod:`.classifier` -- :class:`Classifier` (10-crop oversampling).
 * :mod:`.detector` -- :class:`Detector` (windows with context padding).

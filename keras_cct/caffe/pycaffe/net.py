@@ -24,7 +24,6 @@ import numpy as np
 
 from keras_cct.caffe.io.filter import filter_net
 from keras_cct.caffe.io.text import read_net
-from keras_cct.caffe.io.types import DATA_TYPES
 from keras_cct.caffe.net.builder import build_net
 from keras_cct.caffe.net.layout import from_caffe_layout, to_caffe_layout
 from keras_cct.caffe.net.losses import head_value
@@ -34,6 +33,8 @@ from keras_cct.caffe.pycaffe.blob import (TEST, Blob, ParamBlob, ParamSet, phase
 from keras_cct.caffe.pycaffe.batching import Collected, batches_of
 from keras_cct.caffe.pycaffe.grad import gradients, rng_state, set_rng_state
 from keras_cct.caffe.pycaffe.steps import Step, make_steps
+from keras_cct.caffe.pycaffe.data import data_layers, data_sources
+from keras_cct.caffe.train.data import merge_batches
 from keras_cct.errors import CaffeFormatError
 
 PathLike = Union[str, os.PathLike]
@@ -115,15 +116,8 @@ class Net:
         net_param, _ = filter_net(full, phase=phase, stages=list(stages), level=level,
                                   source=source)
         shapes = dict(input_shapes or {})
-        self._sources = None
-        self._batch = None
-        if any(lp.type in DATA_TYPES and lp.type != "Input" and not
-               all(t in shapes for t in lp.top) for lp in net_param.layer):
-            self._sources = self._data_sources(net_param, phase, path)
-            from keras_cct.caffe.train.model import data_shapes
-            shapes = {**data_shapes(self._sources), **shapes}
-        self._batch = next((int(x.batch_size) for x in self._sources or () if x.batch_size),
-                           None)
+        self._sources, data_shapes_, self._batch = data_layers(net_param, phase, path, shapes)
+        shapes = {**data_shapes_, **shapes}
         built = build_net(full, phase=phase, stages=tuple(stages), level=level,
                           input_shapes=shapes, source=source, python_layers=python_layers)
         if weights is not None:
@@ -350,22 +344,36 @@ class Net:
                 if t in batch:
                     store(self.blobs[t], to_caffe_layout(np.asarray(batch[t], np.float32)))
 
+    def set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
+        """Feed the MemoryData layer (pycaffe's ``set_input_arrays``): ``data`` ``(N, C, H,
+        W)`` and ``labels`` ``(N,)``, ``N`` a multiple of its batch size; each ``forward()``
+        takes the next batch (cycling)."""
+        mem = [s for s in self._steps if s.type == "MemoryData"]
+        if not mem:
+            raise CaffeFormatError("set_input_arrays needs a MemoryData layer; this net has "
+                                   "none", path=self._path)
+        lp = mem[0].lp
+        data = np.asarray(data, np.float32)
+        labels = np.asarray(labels, np.float32).reshape(-1)
+        batch = int(lp.memory_data_param.batch_size)
+        if data.ndim != 4 or len(labels) != len(data) or not len(data) or len(data) % batch:
+            raise CaffeFormatError(
+                f"set_input_arrays got data {data.shape} and {len(labels)} labels",
+                path=self._path, layer=lp.name,
+                hint=f"give (N, C, H, W) data and N labels, N a multiple of the batch size "
+                     f"{batch}")
+        arrays = dict(zip(lp.top, [from_caffe_layout(data), labels]))
+        self._sources = data_sources(self._net_param, self._phase, self._path, arrays)
+        self._source_iter = merge_batches(self._sources)
+
     def _next_batch(self) -> Mapping[str, np.ndarray]:
         if self._batches is not None:
             return self._batches()
         if self._sources is None:
-            self._sources = self._data_sources(self._net_param, self._phase, self._path)
+            self._sources = data_sources(self._net_param, self._phase, self._path)
         if not hasattr(self, "_source_iter"):
-            from keras_cct.caffe.train.data import merge_batches
             self._source_iter = merge_batches(self._sources)
         return next(self._source_iter)
-
-    @staticmethod
-    def _data_sources(net_param, phase: str, path: Optional[str]) -> list:
-        from keras_cct.caffe.train.data import net_data_sources  # reads the data layers' files
-        base = [os.path.dirname(os.path.abspath(path))] if path else []
-        return [s for s in net_data_sources(net_param, phase=phase, base_dirs=base)
-                if s.type != "Input"]
 
     def _run(self, lo: int, hi: int, cur: Dict[str, object], eps: Optional[Dict] = None,
              skip_heads: Iterable[str] = ()) -> Dict[str, object]:
