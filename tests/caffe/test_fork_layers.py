@@ -284,7 +284,8 @@ def test_shuffle_channel_and_relu6_match_opencv(tmp_path):
 
 def test_axpy_and_gradient(tmp_path):
     a, x, y = _rand(2, 3, 1, 1), _rand(2, 3, 4, 5, seed=1), _rand(2, 3, 4, 5, seed=2)
-    prototxt_body = 'layer { name: "ax" type: "Axpy" bottom: "a" bottom: "x" bottom: "y" top: "ax" }'
+    prototxt_body = ('layer { name: "ax" type: "Axpy" bottom: "a" bottom: "x" bottom: "y" '
+                     'top: "ax" }')
     net, _, _ = _net(tmp_path, {"a": a.shape, "x": x.shape, "y": y.shape}, prototxt_body)
     np.testing.assert_allclose(_ours(net, [a, x, y], "ax"), a * x + y, rtol=1e-6)
     layer = fl.CaffeAxpy()

@@ -77,7 +77,8 @@ def test_fork_fields_have_the_forks_wire_numbers(tmp_path):
 
 
 def test_ssd_defaults_are_ssds():
-    pb, d, n = proto.PriorBoxParameter(), proto.DetectionOutputParameter(), proto.NormalizeParameter()
+    pb, d = proto.PriorBoxParameter(), proto.DetectionOutputParameter()
+    n = proto.NormalizeParameter()
     assert (pb.flip, pb.clip, pb.offset) == (True, False, 0.5)
     assert (d.share_location, d.background_label_id, d.keep_top_k) == (True, 0, -1)
     assert proto.PriorBoxParameter.CodeType.Name(d.code_type) == "CORNER"

@@ -150,7 +150,10 @@ def _jaccard(a, b):
     iw = min(a[2], b[2]) - max(a[0], b[0])
     ih = min(a[3], b[3]) - max(a[1], b[1])
     inter = iw * ih
-    size = lambda x: max(x[2] - x[0], 0) * max(x[3] - x[1], 0) if (x[2] >= x[0] and x[3] >= x[1]) else 0.0  # noqa: E731
+
+    def size(x):
+        return (x[2] - x[0]) * (x[3] - x[1]) if x[2] >= x[0] and x[3] >= x[1] else 0.0
+
     return inter / (size(a) + size(b) - inter)
 
 

@@ -29,8 +29,8 @@ from keras_cct.errors import CaffeFormatError
 
 __all__ = ["proto_to_listing", "extend_schema", "reset_schema"]
 
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|[A-Za-z_][\w.]*|-?[\d.]+(?:[eE][+-]?\d+)?'
-                    r'|[{}\[\];=,<>()]')
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\''
+                    r'|[A-Za-z_][\w.]*|-?[\d.]+(?:[eE][+-]?\d+)?|[{}\[\];=,<>()]')
 _IGNORED = {"syntax", "package", "import", "option"}
 _UNSUPPORTED = {"oneof", "map", "extend", "reserved", "extensions", "group", "service"}
 

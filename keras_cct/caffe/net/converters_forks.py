@@ -1,5 +1,6 @@
-"""Converters for layer types of the most-used Caffe forks (SSD, PSPNet/DeepLab, SegNet, Faster R-CNN, SENet, MobileNet, ShuffleNet): ``(ctx, layer_param, bottom tensors) -> list of top tensors``,
-merged into :data:`keras_cct.caffe.net.converters.CONVERTERS`.
+"""Converters for layer types of the most-used Caffe forks (SSD, PSPNet/DeepLab, SegNet,
+Faster R-CNN, SENet, MobileNet, ShuffleNet): ``(ctx, layer_param, bottom tensors) -> list of
+top tensors``, merged into :data:`keras_cct.caffe.net.converters.CONVERTERS`.
 
 Their parameters are the forks' proto fields (:mod:`keras_cct.caffe.io._schema_forks`). Also
 here: :func:`pooling_round_mode`, which reads the forks' ``ceil_mode`` beside BVLC's

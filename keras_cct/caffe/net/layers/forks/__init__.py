@@ -1,4 +1,5 @@
-"""Keras layers for layer types of the most-used Caffe forks (SSD, PSPNet/DeepLab, SegNet, Faster R-CNN, SENet, MobileNet, ShuffleNet), with Caffe's exact semantics.
+"""Keras layers for layer types of the most-used Caffe forks (SSD, PSPNet/DeepLab, SegNet,
+Faster R-CNN, SENet, MobileNet, ShuffleNet), with Caffe's exact semantics.
 
 * :mod:`.detection` -- SSD's :class:`CaffePermute`, :class:`CaffeNormalize`,
   :class:`CaffePriorBox`; :mod:`.nms` -- :class:`CaffeDetectionOutput` (and :func:`detections`).
