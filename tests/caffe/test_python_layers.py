@@ -231,7 +231,10 @@ def test_missing_module_is_a_typed_error(tmp_path):
 
 
 def test_base_class_is_pycaffe_like():
-    class Plain(PyCaffeLayer):
+    import keras_cct.caffe as caffe
+    assert caffe.Layer is PyCaffeLayer
+
+    class Plain(caffe.Layer):
         pass
     layer = Plain()
     assert layer.param_str == "" and list(layer.blobs) == []
