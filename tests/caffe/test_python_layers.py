@@ -223,6 +223,18 @@ def test_saved_model_needs_permission(pynet, tmp_path):
     assert rel_err(keras.ops.convert_to_numpy(b[0]), keras.ops.convert_to_numpy(a[0])) < 1e-7
 
 
+def test_setup_errors_are_typed(pynet):
+    path, name = pynet
+    text = path.read_text()
+    path.write_text(text.replace('bottom: "data" top: "scaled" top: "total"',
+                                 'bottom: "data" top: "scaled"'))  # ChannelScale has 2 tops
+    with pytest.raises(CaffeFormatError, match="ChannelScale failed to set up: IndexError"):
+        import_net(path, python_layers=True)
+    path.write_text(text.replace("ScaledReLU", "NoSuchClass"))
+    with pytest.raises(CaffeFormatError, match="has no 'NoSuchClass'"):
+        import_net(path, python_layers=True)
+
+
 def test_missing_module_is_a_typed_error(tmp_path):
     path = tmp_path / "net.prototxt"
     path.write_text(NET.replace("MODNAME", "no_such_module_xyz"))

@@ -20,6 +20,7 @@ from keras_cct.caffe.net.layers.recurrent import (FILLER_TYPES, CaffeLSTM, Caffe
                                                   CaffePythonLayer, CaffeRecurrentState,
                                                   CaffeRNN)
 from keras_cct.caffe.net.layout import caffe_shape
+from keras_cct.errors import CaffeFormatError
 
 __all__ = ["CONVERTERS", "MULTI_TOP"]
 
@@ -114,9 +115,13 @@ def _python(ctx: Ctx, lp, xs):
     except ImportError as exc:
         raise ctx.error(f"cannot import the Python layer's module '{p.module}': {exc}",
                         hint="put the module beside the prototxt or on PYTHONPATH") from None
-    except (AttributeError, NotImplementedError, KeyError, IndexError) as exc:
+    except CaffeFormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's setup/reshape may raise anything
         raise ctx.error(f"Python layer {what} failed to set up: "
-                        f"{type(exc).__name__}: {exc}") from None
+                        f"{type(exc).__name__}: {exc}",
+                        hint="its setup() and reshape() run on zero-filled bottoms of the "
+                             "net's shapes") from None
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
