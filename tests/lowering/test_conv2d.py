@@ -180,3 +180,25 @@ def test_bad_arguments_name_the_argument(kwargs, message):
 def test_kernel_larger_than_padded_input():
     with pytest.raises(ValueError, match="larger than the padded input"):
         conv2d(keras.ops.zeros((1, 4, 4, 1)), keras.ops.zeros((5, 5, 1, 1)), lowering="type1")
+
+
+@pytest.mark.parametrize("case", ["asym_pad_s32", "k11_s4", "k7_s2_p3", "groups2_s2_p1",
+                                  "stride_and_dilation", "k4x6_s2_asym"])
+def test_native_in_bfloat16_with_explicit_padding(case):
+    """``native`` in bfloat16 with Caffe's explicit padding (on TensorFlow a ``tf.pad`` before a
+    VALID convolution: its bfloat16 Conv2D with explicit padding is not oneDNN's) equals the
+    float64 convolution of the bfloat16-rounded inputs, to bfloat16's precision."""
+    xs, ks, kwargs = CASES[case]
+    rng = np.random.default_rng(7)
+    x, k = rng.standard_normal(xs), rng.standard_normal(ks)
+    xb, kb = (keras.ops.cast(keras.ops.convert_to_tensor(a, "float32"), "bfloat16")
+              for a in (x, k))
+    ref_kw = dict(strides=kwargs.get("strides", 1), padding=kwargs.get("padding", "valid"),
+                  dilation=kwargs.get("dilation_rate", 1), groups=kwargs.get("groups", 1))
+    y_ref = ref.conv2d(to_numpy(keras.ops.cast(xb, "float32")).astype(np.float64),
+                       to_numpy(keras.ops.cast(kb, "float32")).astype(np.float64), **ref_kw)
+    y = conv2d(xb, kb, lowering="native", **kwargs)
+    assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+    y = to_numpy(keras.ops.cast(y, "float32")).astype(np.float64)
+    assert y.shape == y_ref.shape
+    assert ref.rel_err(y, y_ref) < 1e-2
