@@ -435,3 +435,19 @@ def test_fork_layer_errors_name_the_layer_and_line(tmp_path, inputs, body, match
     with pytest.raises(CaffeFormatError, match=match) as info:
         _net(tmp_path, inputs, body)
     assert info.value.layer == "bad" and info.value.line is not None
+
+
+def test_stochastic_pooling_train_gradient_goes_to_one_drawn_value():
+    """Caffe's backward: each window's gradient goes to the one element it drew."""
+    x = _rand(1, 2, 6, 6, lo=0.1, hi=1, seed=8)
+    layer = cl.CaffePooling2D("STOCHASTIC", 2, 2, seed=5)
+    dy = _rand(1, 3, 3, 2, lo=1, hi=2, seed=9)   # Keras layout (N, oh, ow, C)
+    dyt = keras.ops.convert_to_tensor(dy)
+    _, g = _value_and_grad(lambda t: keras.ops.sum(layer(t, training=True) * dyt),
+                           cl.from_caffe_layout(x))
+    g = cl.to_caffe_layout(np.asarray(g))
+    d = cl.to_caffe_layout(dy)
+    for i, j, _ in _stochastic_windows(x, 2, 2):
+        gw = g[:, :, 2 * i:2 * i + 2, 2 * j:2 * j + 2].reshape(1, 2, 4)
+        assert np.all((gw != 0).sum(-1) == 1)
+        np.testing.assert_allclose(gw.sum(-1), d[:, :, i, j], rtol=1e-6)
