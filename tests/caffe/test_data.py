@@ -176,7 +176,7 @@ def test_data_layer_errors(tmp_path):
                           'data_param { source: "nope" batch_size: 2 backend: LMDB }'),
                     base_dirs=[tmp_path])
     with pytest.raises(CaffeFormatError, match="layer 'w'.*not a supported data layer"):
-        data_source(layer('name: "w" type: "WindowData" top: "data"'))
+        data_source(layer('name: "w" type: "NoSuchData" top: "data"'))
 
 
 def test_image_data_layer(tmp_path):

@@ -113,8 +113,8 @@ def test_accuracy_topk_ties_ignore(top_k):
 
 
 def test_bad_heads():
-    with pytest.raises(CaffeFormatError, match="layer 'h'.*HingeLoss.*not a supported"):
-        head_value("HingeLoss", proto.LayerParameter(name="h"), [])
+    with pytest.raises(CaffeFormatError, match="layer 'h'.*NoSuchLoss.*not a supported"):
+        head_value("NoSuchLoss", proto.LayerParameter(name="h"), [])
     with pytest.raises(CaffeFormatError, match="top_k"):
         accuracy(np.zeros((2, 3), np.float32), np.zeros(2), top_k=5)
 
