@@ -1,5 +1,5 @@
 """keras_cct.caffe's three layers import one way: io <- net <- train <- the cct commands
-(``commands``, ``train_commands``, ``cli_args``); io imports no deep-learning library; no module
+(``commands``, ``train_commands``, ``cli_args``, ``tools``) and the pycaffe API (``pycaffe``); io imports no deep-learning library; no module
 imports the package root; no module is longer than about 600 lines but the generated schema.
 Read from the source (every import statement, at any depth), so a lazy import counts too."""
 
@@ -13,7 +13,7 @@ import pytest
 CAFFE = Path(__file__).resolve().parents[2] / "keras_cct" / "caffe"
 LIBRARIES = ("keras", "tensorflow", "tf_keras", "jax", "jaxlib", "torch")
 COMMANDS = ("keras_cct.caffe.commands", "keras_cct.caffe.train_commands",
-            "keras_cct.caffe.cli_args")
+            "keras_cct.caffe.cli_args", "keras_cct.caffe.tools", "keras_cct.caffe.pycaffe")
 #: what each layer may not import
 FORBIDDEN = {
     "io": ("keras_cct.caffe.net", "keras_cct.caffe.train", "keras_cct.layers",
