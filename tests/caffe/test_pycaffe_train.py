@@ -427,3 +427,34 @@ def test_memory_data_net_and_set_input_arrays(tmp_path):
         np.testing.assert_array_equal(net.blobs["label"].data, labels[4 * i:4 * i + 4])
     with pytest.raises(CaffeFormatError, match="multiple of the batch size 4"):
         net.set_input_arrays(data[:6], labels[:6])
+
+
+BN_NET = """
+name: "bn"
+layer { name: "data" type: "Input" top: "data" top: "target"
+        input_param { shape { dim: 4 dim: 3 dim: 2 dim: 2 } shape { dim: 4 dim: 2 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "data" top: "data" }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }
+"""
+
+
+def test_backward_leaves_batchnorm_statistics_as_forward_left_them(tmp_path):
+    (tmp_path / "bn.prototxt").write_text(BN_NET)
+    net = caffe.Net(str(tmp_path / "bn.prototxt"), caffe.TRAIN)
+    rng = np.random.default_rng(12)
+    x = rng.normal(2.0, 3.0, size=(4, 3, 2, 2)).astype(np.float32)
+    net.blobs["target"].data[...] = rng.normal(size=(4, 2))
+    bn = net.model.get_layer("bn")
+    before = [w.copy() for w in bn.get_weights()]
+    net.blobs["data"].data[...] = x  # (pycaffe's forward(**inputs) wants every input)
+    net.forward()
+    after_forward = [w.copy() for w in bn.get_weights()]
+    assert after_forward[2][0] != before[2][0]  # TRAIN: the running statistics moved
+    # the batch-normalized blob (in place on "data"): zero mean per channel, as Caffe
+    np.testing.assert_allclose(net.blobs["data"].data.mean(axis=(0, 2, 3)), 0, atol=1e-5)
+    net.backward()
+    for a, b in zip(bn.get_weights(), after_forward):
+        np.testing.assert_array_equal(a, b)
+    assert np.all(np.isfinite(net.params["ip"][0].diff)) and np.any(net.params["ip"][0].diff)

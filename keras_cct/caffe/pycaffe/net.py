@@ -528,6 +528,9 @@ class Net:
                             np.float32) for b in written]
         seed_values = [keras.ops.convert_to_tensor(from_caffe_layout(self.blobs[b].diff))
                        for b in seeds]
+        # the layers run again: their state (BatchNorm's running statistics) is put back after
+        state = [(v, keras.ops.convert_to_numpy(v.value)) for s in steps if s.fn is not None
+                 for v in s.fn.non_trainable_variables]
         saved = None
         if self._seed_states is not None:
             saved = rng_state(self._model)
@@ -545,6 +548,8 @@ class Net:
         try:
             gx, gw = gradients(objective, values, variables)
         finally:
+            for v, value in state:
+                v.assign(value)
             if saved is not None:
                 set_rng_state(self._model, saved)
         for b, g in zip(reads + written, gx):
