@@ -55,6 +55,8 @@ def _fd(net, array, idx, h=1e-2) -> float:
 def test_backward_diffs_match_finite_differences(net):
     out = net.forward()
     assert set(out) == {"loss"} and net.blobs["loss"].diff == 2.0  # loss_weight
+    assert net.blob_loss_weights["loss"] == 2.0 and net.blob_loss_weights["ip1"] == 0.0
+    assert net._blob_names == ["data", "label", "conv1", "pool1", "ip1", "loss"]
     diffs = net.backward()
     assert set(diffs) == {"data", "label"}
     rng = np.random.default_rng(1)

@@ -190,6 +190,11 @@ class Net:
         self.layer_dict: "OrderedDict[str, NetLayer]" = OrderedDict(
             (l.name, l) for l in self.layers)
         self._layer_names = [s.name for s in self._steps]
+        self._blob_names = list(self.blobs)
+        weights = {s.tops[0]: s.head.loss_weight for s in self._steps
+                   if s.head is not None and s.tops}
+        self.blob_loss_weights = OrderedDict((b, float(weights.get(b, 0.0)))
+                                             for b in self.blobs)
         self.top_names = OrderedDict((s.name, list(s.tops)) for s in self._steps)
         self.bottom_names = OrderedDict((s.name, list(s.bottoms)) for s in self._steps)
         self.inputs = [t for s in self._steps if s.kind == "input" for t in s.tops]
