@@ -229,20 +229,6 @@ def weight_files(weights: Optional[str]) -> List[str]:
     return names
 
 
-def check_level(model: str, level: int, phase: str, stages) -> None:
-    """``cct test/time -level N``: their nets are built at level 0, so a level that selects
-    other layers of ``model`` than level 0 is refused (``cct train`` applies it)."""
-    if not level:
-        return
-    net = read_net(model)
-    a = filter_net(net, phase=phase, stages=list(stages or ()), level=level)
-    b = filter_net(net, phase=phase, stages=list(stages or ()))
-    if [lp.name for lp in a.layer] != [lp.name for lp in b.layer]:
-        raise KerasCCTError(f"-level {level}: {model} has layers whose min_level/max_level rules "
-                            f"select others at this level; `cct test/time` build level 0 "
-                            f"only (use `cct train`, whose solver applies -level)")
-
-
 def ignored_flags(args: argparse.Namespace, command: str) -> None:
     """Caffe flags a command accepts but does not use (gflags are global, so ``caffe train``
     ignores ``-model``...): a note on stderr for each one given."""

@@ -30,7 +30,7 @@ from typing import List, Optional
 import numpy as np
 
 from keras_cct._args import nonneg_int, positive_int
-from keras_cct.caffe.cli_args import (caffe_flag, check_data_args, check_level,
+from keras_cct.caffe.cli_args import (caffe_flag, check_data_args,
                                       check_one_device, check_snapshot_folder, check_test_net,
                                       check_time_inputs, ignored_flags, load_npz, weight_files)
 from keras_cct.caffe.cli_args import device_names as _device_names
@@ -236,10 +236,9 @@ def _stages(items) -> List[str]:
 
 
 def _caffe_net_args(args: argparse.Namespace, command: str) -> None:
-    """``cct test/time``: Caffe's comma-separated stages, -level, the flags they ignore."""
+    """``cct test/time``: Caffe's comma-separated stages, the flags they ignore."""
     args.stage = _stages(args.stage)
     ignored_flags(args, command)
-    check_level(args.model, args.level, args.phase, args.stage)
 
 
 def _test(args: argparse.Namespace) -> int:
@@ -248,7 +247,8 @@ def _test(args: argparse.Namespace) -> int:
     check_test_net(args)
     check_one_device(args.devices)
     model, sources, _ = build_phase_net(args.model, phase=args.phase,
-                                        stages=args.stage or (), weights=args.weights)
+                                        stages=args.stage or (), level=args.level,
+                                        weights=args.weights)
     _set_lowering_and_device(model.net, args.lowering, args.devices)
     if not model.heads:
         print("warning: the net has no loss or accuracy layer; nothing to report",
@@ -258,14 +258,15 @@ def _test(args: argparse.Namespace) -> int:
     return 0
 
 
-def time_model(model_path: str, *, phase: str = "TRAIN", stages=(), weights=None,
-               batch=None, random_data: bool = False, input_shapes=None, lowering=None,
+def time_model(model_path: str, *, phase: str = "TRAIN", stages=(), level: int = 0,
+               weights=None, batch=None, random_data: bool = False, input_shapes=None,
+               lowering=None,
                devices=None, conv: str = "hybrid"):
     """``(CaffeTrainModel, batch)``: the net and the one batch ``cct time`` times, built as
     ``cct time`` builds them (the benchmarks reuse it). The model is not compiled."""
     from keras_cct.caffe.train.model import CaffeTrainModel, build_phase_net
     model, sources, net = build_phase_net(model_path, phase=phase, stages=stages or (),
-                                          weights=weights, batch=batch,
+                                          level=level, weights=weights, batch=batch,
                                           random_data=random_data,
                                           input_shapes=input_shapes)
     _set_lowering_and_device(model.net, lowering, devices)
@@ -291,6 +292,7 @@ def _time(args: argparse.Namespace) -> int:
     random_data = check_time_inputs(args, shapes)  # a deploy net: random data, as caffe time
     check_one_device(args.devices)
     model, batch = time_model(args.model, phase=args.phase, stages=args.stage or (),
+                              level=args.level,
                               weights=args.weights, batch=args.batch,
                               random_data=random_data, input_shapes=shapes,
                               lowering=args.lowering, devices=args.devices, conv=args.conv)

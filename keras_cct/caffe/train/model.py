@@ -186,7 +186,7 @@ def random_sources(net, *, batch: Optional[int] = None, seed: int = 0,
 
 
 def build_phase_net(net_path: str, *, phase: str = "TEST", stages: Sequence[str] = (),
-                    weights: Optional[str] = None, batch: Optional[int] = None,
+                    level: int = 0, weights: Optional[str] = None, batch: Optional[int] = None,
                     random_data: bool = False, seed: Optional[int] = None,
                     input_shapes: Optional[Mapping[str, Sequence[int]]] = None):
     """A net of one phase with its data: ``(CaffeTrainModel, sources, CaffeNet)``.
@@ -196,7 +196,7 @@ def build_phase_net(net_path: str, *, phase: str = "TEST", stages: Sequence[str]
     Caffe shapes in ``input_shapes`` (``{top: (N, C, H, W)}``) where given.
     """
     net_param = read_net(net_path)
-    fp = filter_net(net_param, phase=phase, stages=list(stages))
+    fp = filter_net(net_param, phase=phase, stages=list(stages), level=level)
     base = [os.path.dirname(os.path.abspath(net_path))]
     sources: List[DataSource] = []
     shapes: Dict[str, Tuple[int, ...]] = {}
@@ -205,8 +205,8 @@ def build_phase_net(net_path: str, *, phase: str = "TEST", stages: Sequence[str]
                    if s.type != "Input"]
         shapes = data_shapes(sources)
     shapes.update({k: tuple(v) for k, v in (input_shapes or {}).items()})
-    net = build_net(net_param, phase=phase, stages=tuple(stages), input_shapes=shapes or None,
-                    source=net_path)
+    net = build_net(net_param, phase=phase, stages=tuple(stages), level=level,
+                    input_shapes=shapes or None, source=net_path)
     if weights:
         load_weights(net.model, weights, strict=False, net_param=net.net_param)
     fed = {t for s in sources for t in s.tops}
