@@ -63,12 +63,15 @@ def test_unbalanced_braces_is_a_syntax_error(tmp_path):
     assert info.value.line is not None
 
 
-def test_fork_ceil_mode_gets_a_hint(tmp_path):
+def test_fork_ceil_mode_and_round_mode_together_are_refused(tmp_path):
+    """A fork's ``ceil_mode`` is read (tests/caffe/test_schema_forks.py); giving it beside
+    BVLC's ``round_mode`` is contradictory and named with its line."""
     text = TINY + ('layer { name: "p" type: "Pooling" bottom: "conv" top: "p"\n'
-                   '  pooling_param { pool: MAX kernel_size: 2 ceil_mode: false } }\n')
+                   '  pooling_param { pool: MAX kernel_size: 2 ceil_mode: false '
+                   'round_mode: CEIL } }\n')
     with pytest.raises(CaffeFormatError, match="round_mode") as info:
         load_net(_write(tmp_path, text))
-    assert info.value.line == 19
+    assert info.value.layer == "p" and info.value.line == 18
 
 
 def test_unknown_layer_type_lists_supported(tmp_path):
@@ -86,8 +89,10 @@ def test_unknown_layer_type_lists_supported(tmp_path):
 def test_python_layer_is_refused_not_executed(tmp_path):
     text = TINY + ('layer { name: "py" type: "Python" bottom: "fc" top: "py"\n'
                    '  python_param { module: "os" layer: "system" param_str: "touch x" } }\n')
-    with pytest.raises(CaffeFormatError, match="unsupported layer type 'Python'"):
+    with pytest.raises(CaffeFormatError, match="would import and run Python code: module 'os', "
+                       "class 'system'.*python_layers=True") as info:
         load_net(_write(tmp_path, text))
+    assert info.value.layer == "py" and info.value.line == 18
     assert not (tmp_path / "x").exists()
 
 
