@@ -255,6 +255,30 @@ def test_parameter_blob_and_gradient():
     np.testing.assert_allclose(dblob, dy, rtol=1e-6)
 
 
+def test_parameter_in_a_prototxt_net(tmp_path):
+    """A Parameter layer (no bottom) builds from a prototxt, its blob comes and goes through a
+    caffemodel, and a net adding it to its input computes data + blob (Caffe's NCHW)."""
+    from keras_cct.caffe.net.builder import load_net
+    from keras_cct.caffe.net.weights import load_weights, save_weights
+    text = """name: "p"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
+layer { name: "bias" type: "Parameter" top: "bias"
+        parameter_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
+layer { name: "sum" type: "Eltwise" bottom: "data" bottom: "bias" top: "sum" }
+"""
+    path = tmp_path / "p.prototxt"
+    path.write_text(text)
+    model = load_net(str(path))
+    blob = RNG.normal(size=(2, 3, 4, 5)).astype(np.float32)
+    model.get_layer("bias").set_weights([blob])
+    save_weights(model, tmp_path / "p.caffemodel")
+    again = load_net(str(path))
+    load_weights(again, tmp_path / "p.caffemodel")
+    x = RNG.normal(size=(2, 3, 4, 5)).astype(np.float32)
+    y = keras.ops.convert_to_numpy(again(cl.from_caffe_layout(x)))
+    np.testing.assert_allclose(cl.to_caffe_layout(y), x + blob, rtol=1e-6)
+
+
 # -- SPP --------------------------------------------------------------------------------------
 
 def np_spp(x, height, pool):

@@ -27,7 +27,7 @@ from keras_cct.caffe.io.text import parse_net, read_net
 from keras_cct.caffe.io.types import DATA_TYPES
 from keras_cct.caffe.io.upgrade import NetSource, upgrade_net
 from keras_cct.caffe.net.checks import check_input, check_layer
-from keras_cct.caffe.net.converters import CONVERTERS, ONE_TOP, Ctx
+from keras_cct.caffe.net.converters import CONVERTERS, NO_BOTTOM, ONE_TOP, Ctx
 from keras_cct.caffe.net.layout import caffe_shape, keras_shape
 from keras_cct.caffe.net.losses import HEAD_TYPES, Head, head_of
 from keras_cct.caffe.net.weights import keras_name, load_weights
@@ -301,13 +301,15 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
         if conv is None:
             raise ctx.error(f"unsupported layer type '{t}'",
                             hint=f"supported types: {', '.join(SUPPORTED_TYPES)}")
-        if not len(lp.bottom):
+        if not len(lp.bottom) and t not in NO_BOTTOM:
             raise ctx.error(f"{t} layer has no bottom")
         if t in ONE_TOP and len(lp.top) != 1:
             raise ctx.error(f"{t} layer must have exactly one top, has {len(lp.top)}")
         claim(ctx.kname(), "layer")
         caffe_names[ctx.kname()] = lp.name
         xs = [blobs[b] for b in lp.bottom]
+        if not lp.bottom and t in NO_BOTTOM and input_tensors:
+            xs = [input_tensors[0]]  # a Keras layer needs an input: the net's first, unused
         check_layer(ctx, lp, xs)
         try:
             outs = conv(ctx, lp, xs)

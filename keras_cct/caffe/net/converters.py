@@ -19,7 +19,7 @@ from keras_cct.caffe.net.context import need_rank as _need_rank
 from keras_cct.layers.convert import keras_conv_layers
 from keras_cct.layers.hybrid_conv2d import HybridConv2D
 
-__all__ = ["Ctx", "CONVERTERS", "ONE_TOP"]
+__all__ = ["Ctx", "CONVERTERS", "ONE_TOP", "NO_BOTTOM"]
 
 
 
@@ -236,20 +236,23 @@ CONVERTERS: Dict[str, Callable] = {
     "Crop": _crop, "Softmax": _softmax, "Dropout": _dropout,
 }
 _MULTI_TOP = {"Slice"}
+#: types that take no bottom (Parameter): the builder hands their converter the net's first input
+NO_BOTTOM: set = set()
 
 
-def _register(more: Dict[str, Callable], multi_top=()) -> None:
+def _register(more: Dict[str, Callable], multi_top=(), no_bottom=()) -> None:
     """Adds another module's converters (one definition per type: a clash is a bug)."""
     clash = set(more) & set(CONVERTERS)
     if clash:
         raise RuntimeError(f"Caffe layer types converted twice: {sorted(clash)}")
     CONVERTERS.update(more)
     _MULTI_TOP.update(multi_top)
+    NO_BOTTOM.update(no_bottom)
 
 
 from keras_cct.caffe.net import converters_bvlc, converters_forks, converters_recurrent  # noqa: E402
 
 for _mod in (converters_bvlc, converters_forks, converters_recurrent):
-    _register(_mod.CONVERTERS, getattr(_mod, "MULTI_TOP", ()))
+    _register(_mod.CONVERTERS, getattr(_mod, "MULTI_TOP", ()), getattr(_mod, "NO_BOTTOM", ()))
 
 ONE_TOP = set(CONVERTERS) - _MULTI_TOP
