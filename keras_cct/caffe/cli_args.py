@@ -20,6 +20,14 @@ from keras_cct.caffe.train.data import layer_batch
 from keras_cct.errors import DataError, KerasCCTError
 
 
+def add_python_layers_flag(p: argparse.ArgumentParser) -> None:
+    """``--python-layers``: build the net's ``Python`` layers (import their modules and run
+    their code). Off by default: such a net is refused, naming the module and class."""
+    p.add_argument("--python-layers", dest="python_layers", action="store_true",
+                   help="run the net's Python layers (imports python_param.module: only for "
+                        "files and modules you trust)")
+
+
 def device_names(devices: Optional[str]) -> List[str]:
     """``--devices a,b,c`` as a list of names (empty when not given)."""
     return [d.strip() for d in (devices or "").split(",") if d.strip()]

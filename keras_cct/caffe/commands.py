@@ -14,6 +14,7 @@ from typing import List, Tuple
 
 from keras_cct._args import check_output_file
 from keras_cct._files import atomic_path
+from keras_cct.caffe.cli_args import add_python_layers_flag
 from keras_cct.caffe.io.types import DATA_TYPES
 from keras_cct.caffe.net.weights import keras_name
 from keras_cct.errors import CaffeFormatError
@@ -36,6 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "change it")
     p.add_argument("--phase", choices=("TEST", "TRAIN"), default="TEST")
     p.add_argument("--stage", action="append", default=[], help="a net state stage (repeat)")
+    add_python_layers_flag(p)
 
 
 def register(subparsers) -> None:
@@ -59,7 +61,8 @@ def _import(args):
     from keras_cct.caffe.net.builder import import_net
     return import_net(args.prototxt, getattr(args, "weights", None), phase=args.phase,
                       stages=args.stage, input_shape=args.input_shape,
-                      strict=not getattr(args, "no_strict", False))
+                      strict=not getattr(args, "no_strict", False),
+                      python_layers=args.python_layers)
 
 
 def _convert(args) -> int:

@@ -30,7 +30,7 @@ from typing import List, Optional
 import numpy as np
 
 from keras_cct._args import nonneg_int, positive_int
-from keras_cct.caffe.cli_args import (caffe_flag, check_data_args,
+from keras_cct.caffe.cli_args import (add_python_layers_flag, caffe_flag, check_data_args,
                                       check_one_device, check_snapshot_folder, check_test_net,
                                       check_time_inputs, ignored_flags, load_npz, weight_files)
 from keras_cct.caffe.cli_args import device_names as _device_names
@@ -195,7 +195,8 @@ def _train(args: argparse.Namespace) -> int:
     config.param.train_state.level = args.level
     config.param.train_state.stage.extend(_stages(args.stage))
     solver = Solver(config, progress=args.progress, snapshot_prefix=args.snapshot_prefix,
-                    strategy=strategy, cluster=mwms, shares=shares)
+                    strategy=strategy, cluster=mwms, shares=shares,
+                    python_layers=args.python_layers)
     for w in weights:  # Caffe's CopyLayers: each file in order
         solver.log(f"Finetuning from {w}")
         solver.load_weights(w)
@@ -248,7 +249,8 @@ def _test(args: argparse.Namespace) -> int:
     check_one_device(args.devices)
     model, sources, _ = build_phase_net(args.model, phase=args.phase,
                                         stages=args.stage or (), level=args.level,
-                                        weights=args.weights)
+                                        weights=args.weights,
+                                        python_layers=args.python_layers)
     _set_lowering_and_device(model.net, args.lowering, args.devices)
     if not model.heads:
         print("warning: the net has no loss or accuracy layer; nothing to report",
@@ -260,13 +262,14 @@ def _test(args: argparse.Namespace) -> int:
 
 def time_model(model_path: str, *, phase: str = "TRAIN", stages=(), level: int = 0,
                weights=None, batch=None, random_data: bool = False, input_shapes=None,
-               lowering=None,
-               devices=None, conv: str = "hybrid"):
+               lowering=None, devices=None, conv: str = "hybrid",
+               python_layers: bool = False):
     """``(CaffeTrainModel, batch)``: the net and the one batch ``cct time`` times, built as
     ``cct time`` builds them (the benchmarks reuse it). The model is not compiled."""
     from keras_cct.caffe.train.model import CaffeTrainModel, build_phase_net
     model, sources, net = build_phase_net(model_path, phase=phase, stages=stages or (),
                                           level=level, weights=weights, batch=batch,
+                                          python_layers=python_layers,
                                           random_data=random_data,
                                           input_shapes=input_shapes)
     _set_lowering_and_device(model.net, lowering, devices)
@@ -295,7 +298,8 @@ def _time(args: argparse.Namespace) -> int:
                               level=args.level,
                               weights=args.weights, batch=args.batch,
                               random_data=random_data, input_shapes=shapes,
-                              lowering=args.lowering, devices=args.devices, conv=args.conv)
+                              lowering=args.lowering, devices=args.devices, conv=args.conv,
+                              python_layers=args.python_layers)
     fmodel = model.net
     layers = [l for l in fmodel.layers if not isinstance(l, keras.layers.InputLayer)]
     feed = [batch[k] for k in model.input_blobs]
@@ -426,6 +430,7 @@ def _net_flags(p: argparse.ArgumentParser, model_help: str, weights_help: Option
     caffe_flag(p, "phase", default=phase, choices=["TRAIN", "TEST"])
     caffe_flag(p, "stage", action="append", help="net stages (a,b or repeated)")
     caffe_flag(p, "level", type=int, default=0, help="the net state's level")
+    add_python_layers_flag(p)
     _add_ignored(p, ("gpu",))
 
 
@@ -447,6 +452,7 @@ def register(subparsers) -> None:
     caffe_flag(p, "sighup-effect", default="snapshot", choices=EFFECTS,
                help="on SIGHUP: snapshot (default), stop, or none")
     _add_ignored(p, ("gpu", "model", "iterations"))
+    add_python_layers_flag(p)
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     p.add_argument("--lowering", choices=["auto", "type1", "type2", "type3", "native"],
                    help="force one lowering for every convolution (default: the planner's)")

@@ -375,7 +375,12 @@ def test_python_layers_run_in_a_pycaffe_net(tmp_path):
     (tmp_path / f"{name}.py").write_text(PY_MODULE)
     (tmp_path / "py.prototxt").write_text(PY_NET.replace("MODNAME", name))
     try:
-        net = caffe.Net(str(tmp_path / "py.prototxt"), caffe.TEST)
+        from keras_cct.errors import CaffeFormatError
+        with pytest.raises(CaffeFormatError, match=f"module '{name}', class 'Cube'.*"
+                                                   "python_layers=True"):
+            caffe.Net(str(tmp_path / "py.prototxt"), caffe.TEST)  # opt in only
+        assert name not in sys.modules  # refused before anything was imported
+        net = caffe.Net(str(tmp_path / "py.prototxt"), caffe.TEST, python_layers=True)
         x = np.random.default_rng(3).normal(size=(2, 3)).astype(np.float32)
         np.testing.assert_allclose(net.forward(data=x)["cube"], x ** 3, rtol=1e-6)
         seed = np.random.default_rng(4).normal(size=(2, 3)).astype(np.float32)

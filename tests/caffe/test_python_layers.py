@@ -267,3 +267,50 @@ def test_jax_and_torch_backends(pynet):
         res = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0 and "ok" in res.stdout, (backend, res.stderr[-3000:])
+
+
+SOLVER_NET = '''
+name: "pytrain"
+layer { name: "feed" type: "MemoryData" top: "data" top: "label"
+        memory_data_param { batch_size: 4 channels: 3 height: 2 width: 2 } }
+layer { name: "cs" type: "Python" bottom: "data" top: "scaled" top: "total"
+  python_param { module: "MODNAME" layer: "ChannelScale" } }
+layer { name: "silence" type: "Silence" bottom: "total" }
+layer { name: "ip" type: "InnerProduct" bottom: "scaled" top: "ip"
+        inner_product_param { num_output: 2 weight_filler { type: "constant" value: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+'''
+
+
+def test_solver_and_cct_opt_in(pynet, tmp_path, capsys):
+    """The solver builds a net's Python layers only with ``python_layers=True`` (the module
+    found beside the net file) and trains the layer's blob; ``cct info`` refuses the net in
+    one line naming the flag, and builds it with ``--python-layers``."""
+    from keras_cct.caffe.train.solver import load_solver
+    from keras_cct.cli import main
+    _, name = pynet
+    (tmp_path / "train.prototxt").write_text(SOLVER_NET.replace("MODNAME", name))
+    solver_path = tmp_path / "solver.prototxt"
+    solver_path.write_text('net: "train.prototxt" base_lr: 0.5 lr_policy: "fixed" '
+                           f'max_iter: 3 display: 0 snapshot_prefix: "{tmp_path}/s"')
+    rng = np.random.default_rng(0)
+    arrays = {"data": rng.normal(size=(4, 2, 2, 3)).astype(np.float32),
+              "label": np.array([0, 1, 1, 0], np.float32)}
+    with pytest.raises(CaffeFormatError, match="python_layers=True"):
+        load_solver(str(solver_path), arrays=arrays, log=lambda line: None)
+    assert name not in sys.modules
+    solver = load_solver(str(solver_path), arrays=arrays, log=lambda line: None,
+                         python_layers=True)
+    layer = solver.train_net.model.get_layer("cs")
+    before = np.asarray(layer.get_weights()[0]).copy()
+    np.testing.assert_allclose(before, 1 + np.arange(3) / 10.0)
+    solver.step(3)
+    assert np.abs(np.asarray(layer.get_weights()[0]) - before).max() > 1e-4
+    sys.modules.pop(name, None)
+    net_path = str(tmp_path / "train.prototxt")
+    assert main(["info", net_path]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--python-layers" in err and name in err
+    assert name not in sys.modules
+    assert main(["info", net_path, "--python-layers"]) == 0
+    assert "cs" in capsys.readouterr().out

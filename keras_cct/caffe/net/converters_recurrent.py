@@ -103,8 +103,8 @@ def _python(ctx: Ctx, lp, xs):
         raise ctx.error(f"this Python layer would import and run Python code: module "
                         f"'{p.module}', class '{p.layer}' ({what})",
                         hint="if you trust the file and that module, allow it with "
-                             "python_layers=True (load_net / import_net / build_net) or "
-                             "--python-layers (cct)")
+                             "python_layers=True (load_net / import_net / build_net / "
+                             "caffe.Net / load_solver) or --python-layers (cct)")
     path = ctx.source.path
     folder = os.path.dirname(os.path.abspath(path)) if path and os.path.isfile(path) else None
     try:

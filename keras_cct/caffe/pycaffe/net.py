@@ -95,9 +95,10 @@ class Net:
             TRAIN, Dropout drops and BatchNorm uses batch statistics.
         level, stages: the rest of Caffe's ``NetState``.
         input_shapes: ``{blob: (N, C, H, W)}`` overriding the prototxt's input shapes.
-        python_layers: run the net's ``Python`` layers, importing their modules, as pycaffe
-            does (``False``: such a net is refused, as :func:`~keras_cct.caffe.load_net`'s
-            default).
+        python_layers: run the net's ``Python`` layers, importing their modules as pycaffe
+            does. Off by default, as everywhere in keras_cct (nothing is imported from a
+            file's say-so alone): such a net is refused with an error naming the module and
+            class; pass ``python_layers=True`` for files and modules you trust.
 
     Raises:
         CaffeFormatError: the files are missing or malformed (naming file, line and layer).
@@ -106,7 +107,7 @@ class Net:
     def __init__(self, network_file: PathLike, *args, weights: Optional[PathLike] = None,
                  phase=None, level: int = 0, stages: Sequence[str] = (),
                  input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
-                 python_layers: bool = True) -> None:
+                 python_layers: bool = False) -> None:
         weights, phase = _parse_args(args, weights, phase)
         path = os.fspath(network_file)
         if not os.path.isfile(path):

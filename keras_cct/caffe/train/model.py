@@ -188,7 +188,8 @@ def random_sources(net, *, batch: Optional[int] = None, seed: int = 0,
 def build_phase_net(net_path: str, *, phase: str = "TEST", stages: Sequence[str] = (),
                     level: int = 0, weights: Optional[str] = None, batch: Optional[int] = None,
                     random_data: bool = False, seed: Optional[int] = None,
-                    input_shapes: Optional[Mapping[str, Sequence[int]]] = None):
+                    input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                    python_layers: bool = False):
     """A net of one phase with its data: ``(CaffeTrainModel, sources, CaffeNet)``.
 
     Data layers are read from their sources (looked up beside ``net_path`` too); with
@@ -206,7 +207,7 @@ def build_phase_net(net_path: str, *, phase: str = "TEST", stages: Sequence[str]
         shapes = data_shapes(sources)
     shapes.update({k: tuple(v) for k, v in (input_shapes or {}).items()})
     net = build_net(net_param, phase=phase, stages=tuple(stages), level=level,
-                    input_shapes=shapes or None, source=net_path)
+                    input_shapes=shapes or None, source=net_path, python_layers=python_layers)
     if weights:
         load_weights(net.model, weights, strict=False, net_param=net.net_param)
     fed = {t for s in sources for t in s.tops}

@@ -102,11 +102,12 @@ class Solver:
                  test_arrays: Optional[Mapping[str, np.ndarray]] = None,
                  log: Optional[Callable[[str], None]] = None,
                  progress: bool = False, snapshot_prefix: Optional[str] = None,
-                 strategy=None, cluster=None, shares: Optional[Sequence[float]] = None
-                 ) -> None:
+                 strategy=None, cluster=None, shares: Optional[Sequence[float]] = None,
+                 python_layers: bool = False) -> None:
         if not isinstance(config, SolverConfig):
             config = solver_config(config)
         self.config = config
+        self.python_layers = python_layers
         self.param = p = config.param
         self.path = config.path
         self.strategy = strategy
@@ -256,7 +257,8 @@ class Solver:
     def _build_net(self, net_param, phase, stages, sources: Sequence[DataSource],
                    level: int = 0):
         return build_net(net_param, phase=phase, stages=tuple(stages),
-                         input_shapes=data_shapes(sources), level=level)
+                         input_shapes=data_shapes(sources), level=level,
+                         source=self.config.net_path, python_layers=self.python_layers)
 
     def _heads(self, net, net_param) -> List[Head]:
         return list(net.heads) or heads_of(net_param)
