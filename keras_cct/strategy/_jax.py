@@ -22,7 +22,9 @@ When a layer's fractions ask for other shard sizes than a compiled step has (reb
 dropped device) -- by at least one image, or batch/32 images of a larger batch -- Keras'
 step function is traced again before the next step (the trainer's
 ``make_*_function`` is wrapped, see :func:`install_retrace`); rebalancing moves in bounded,
-smoothed steps, so this settles after a few steps. Outside ``jit`` every call reads the
+smoothed steps, and a compiled split runs 2, 4, 8, ... (at most 64) steps before it may be
+traced again (:data:`RETRACE_FIRST_WAIT`), so a model compiles a handful of times while its
+fractions settle, not once per step. Outside ``jit`` every call reads the
 fractions afresh.
 
 The compiled step computes the shard of JAX's default device (``jax:cpu:0``, or ``jax:gpu:0``
@@ -48,6 +50,14 @@ SUPPORTS_JIT = True  # host callbacks run inside the compiled step
 
 _GENERATION = [0]  # bumped when a compiled step's sizes no longer match the fractions
 _LOCK = threading.Lock()
+#: Steps a layer runs with the sizes it was compiled with before rebalancing may ask for a new
+#: trace: 2 after the first trace, doubling with every retrace the strategy has made, at most
+#: 64. Each retrace recompiles the whole training step (seconds on a CPU); retracing whenever
+#: the fractions moved by an image recompiled nearly every step while rebalancing settled
+#: (benchmarks/hybrid.py on JAX: 10 minutes in one configuration). A dropped device retraces
+#: at once.
+RETRACE_FIRST_WAIT = 2
+RETRACE_MAX_WAIT = 64
 
 
 def check(strategy) -> None:
@@ -121,10 +131,19 @@ def timer(device, x, k, geo, lowering):
     return lambda: fn(xa, ka).block_until_ready()
 
 
-def _stale(generation: int) -> None:
+def _stale(generation: int) -> bool:
+    """Marks the compiled steps of ``generation`` stale; whether this call did (not another)."""
     with _LOCK:
         if _GENERATION[0] == generation:
             _GENERATION[0] += 1
+            return True
+        return False
+
+
+def _retrace_wait(strategy) -> int:
+    """Steps a compiled split runs before rebalancing may trace it again (see
+    :data:`RETRACE_FIRST_WAIT`)."""
+    return min(RETRACE_MAX_WAIT, RETRACE_FIRST_WAIT * 2 ** getattr(strategy, "_jax_retraces", 0))
 
 
 def _callback(fn, result, *args):
@@ -166,11 +185,16 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
     i32 = jax.ShapeDtypeStruct((), np.int32)
     f32 = jax.ShapeDtypeStruct((), np.float32)
 
+    traced_at = plan.steps  # (this code runs when the step is traced)
+
     def begin(phase, sizes):
         def start(_):
             wanted = plan.next_sizes(phase, tied, batch, fixed=sizes)
-            if np.abs(wanted - np.asarray(sizes)).max() >= max(1, batch // 32):
-                _stale(generation)  # (a few images' wobble does not recompile a big batch)
+            # (a few images' wobble does not recompile a big batch; see RETRACE_FIRST_WAIT)
+            if np.abs(wanted - np.asarray(sizes)).max() >= max(1, batch // 32) and \
+                    plan.steps - traced_at >= _retrace_wait(strategy):
+                if _stale(generation):
+                    strategy._jax_retraces = getattr(strategy, "_jax_retraces", 0) + 1
             return np.int32(0)
         return _callback(start, i32, jnp.int32(batch))
 

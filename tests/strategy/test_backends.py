@@ -201,6 +201,33 @@ def test_rebalancing_moves_work_away_from_a_slow_device(opencl, monkeypatch):
     assert len(log.history) == 2
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's compiled step is traced again for new sizes")
+def test_rebalancing_retraces_the_compiled_step_a_few_times_only(opencl, monkeypatch):
+    """While rebalancing moves work off a slow device for 40 steps, the jit-compiled step is
+    traced again a handful of times (after 2, 4, 8, ... steps), not at every move: each trace
+    compiles the whole training step."""
+    import time as _time
+    from keras_cct.devices.opencl import conv as cl_conv
+    from keras_cct.strategy import _jax
+    real = cl_conv.conv2d_forward
+
+    def slow(*args, **kwargs):
+        _time.sleep(0.03)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cl_conv, "conv2d_forward", slow)
+    s = CCTStrategy([CPU, "opencl:0:0"], split=[0.5, 0.5], rebalance=True)
+    model = _model(s)
+    x, y = _data(160)
+    start = _jax._GENERATION[0]
+    model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0)  # 40 steps
+    retraces = _jax._GENERATION[0] - start
+    assert 1 <= retraces <= 4, retraces  # waits of 2 + 4 + 8 + 16 steps fit in 40
+    assert getattr(s, "_jax_retraces", 0) == retraces
+    rows = [r for r in s.report() if r["device"] == "opencl:0:0"]
+    assert all(r["fraction"] < 0.4 for r in rows), rows
+
+
 def test_worker_killed_mid_fit_is_survived(opencl):
     from keras_cct.devices.opencl.client import client_for
     x, y = _data(24)
