@@ -356,6 +356,8 @@ def _grads(layer, inputs, proj):
         return [np.asarray(g) for g in gs]
     if backend == "jax":
         import jax
+        if not layer.built:  # (stateless_call needs built variables)
+            layer(ins)
 
         def f(ws, x0):
             out, _ = layer.stateless_call(ws, [], [x0] + ins[1:])

@@ -259,11 +259,21 @@ class CaffeRNN(_Recurrent):
 
     def _step(self, carry, xw_t, cont_t, w_h):
         (h_prev,) = carry
-        h = ops.tanh(xw_t + ops.matmul(cont_t * h_prev, w_h))
+        h = _tanh(xw_t + ops.matmul(cont_t * h_prev, w_h))
         return (h,), (h,)
 
     def _outputs(self, hs):
-        return ops.tanh(ops.matmul(hs, ops.transpose(self.w_o)) + self.b_o)
+        return _tanh(ops.matmul(hs, ops.transpose(self.w_o)) + self.b_o)
+
+
+def _tanh(x):
+    """``tanh`` in ``x``'s dtype. Keras' JAX ``ops.tanh`` returns float32 for a float64 input
+    (Keras 3.15: its result type of float64 and a Python float is float32), which broke the
+    float64 scan's carry and gradient checks; ``jnp.tanh`` keeps the dtype."""
+    if keras.backend.backend() == "jax":
+        import jax.numpy as jnp
+        return jnp.tanh(x)
+    return ops.tanh(x)
 
 
 def lstm_unit(c_prev, gates, cont, hidden: int):
@@ -272,9 +282,9 @@ def lstm_unit(c_prev, gates, cont, hidden: int):
     i = ops.sigmoid(gates[:, :hidden])
     f = cont * ops.sigmoid(gates[:, hidden:2 * hidden])
     o = ops.sigmoid(gates[:, 2 * hidden:3 * hidden])
-    g = ops.tanh(gates[:, 3 * hidden:])
+    g = _tanh(gates[:, 3 * hidden:])
     c = f * c_prev + i * g
-    return c, o * ops.tanh(c)
+    return c, o * _tanh(c)
 
 
 @keras.saving.register_keras_serializable(package=_PKG)
