@@ -187,8 +187,11 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
 
     traced_at = plan.steps  # (this code runs when the step is traced)
 
-    def begin(phase, sizes):
-        def start(_):
+    def begin(phase, sizes, after=()):
+        """The pass's first host callback (after ``after``: the backward waits for the
+        forward's output, so its launches never queue behind the forward's shards, even when
+        its ``dy`` is known early, as with a fixed ``dy`` in a benchmark)."""
+        def start(*_):
             wanted = plan.next_sizes(phase, tied, batch, fixed=sizes)
             # (a few images' wobble does not recompile a big batch; see RETRACE_FIRST_WAIT)
             if np.abs(wanted - np.asarray(sizes)).max() >= max(1, batch // 32) and \
@@ -196,7 +199,7 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
                 if _stale(generation):
                     strategy._jax_retraces = getattr(strategy, "_jax_retraces", 0) + 1
             return np.int32(0)
-        return _callback(start, i32, jnp.int32(batch))
+        return _callback(start, i32, jnp.int32(batch), *after)
 
     def timed(phase, i, deps, compute, *inputs):
         """``compute(*inputs)`` started after ``deps`` (host callbacks' outputs), between two
@@ -269,11 +272,11 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
                              for o in outs if o is not None], axis=0)
         return y, residual
 
-    def backward(x, dy, params, residual, need_dx):
+    def backward(x, dy, params, residual, need_dx, forward_done):
         """``(dx, dkernel(, dbias))``; ``dx`` is zeros (no device computes it) unless
         ``need_dx``."""
         kernel, b = params[0], params[1:]
-        token = begin("backward", bwd_sizes)
+        token = begin("backward", bwd_sizes, after=(forward_done,))
         xs, dys = _split(x, bwd_sizes), _split(dy, bwd_sizes)
 
         def jax_compute(i, deps):
@@ -310,11 +313,11 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
         traced["need_dx"] = bool(x.perturbed)  # False for a network's input: no col2im
         x, params = x.value, tuple(p.value for p in params)
         y, residual = forward(x, *params)
-        return y, (x, params, residual)
+        return y, (x, params, residual, y[:1, :1, :1, :1])
 
     def op_bwd(res, dy):
-        x, params, residual = res
-        return backward(x, dy, params, residual, traced.get("need_dx", True))
+        x, params, residual, forward_done = res
+        return backward(x, dy, params, residual, traced.get("need_dx", True), forward_done)
 
     op.defvjp(op_fwd, op_bwd, symbolic_zeros=True)
     return op(x, *params)
