@@ -180,16 +180,21 @@ def test_fit_under_the_strategy_gives_conv2d_weights(opencl):
     assert all(np.isfinite(r["last_ms"]) and np.isfinite(r["last_bwd_ms"]) for r in rows)
 
 
-def test_rebalancing_moves_work_away_from_a_slow_device(opencl, monkeypatch):
+def _slow_opencl_forward(monkeypatch, seconds: float) -> None:
+    """Every OpenCL forward shard takes ``seconds`` longer."""
     import time as _time
     from keras_cct.devices.opencl import conv as cl_conv
     real = cl_conv.conv2d_forward
 
     def slow(*args, **kwargs):
-        _time.sleep(0.05)
+        _time.sleep(seconds)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cl_conv, "conv2d_forward", slow)
+
+
+def test_rebalancing_moves_work_away_from_a_slow_device(opencl, monkeypatch):
+    _slow_opencl_forward(monkeypatch, 0.05)
     s = CCTStrategy([CPU, "opencl:0:0"], split=[0.5, 0.5], rebalance=True)
     model = _model(s)
     x, y = _data(40)
@@ -206,16 +211,8 @@ def test_rebalancing_retraces_the_compiled_step_a_few_times_only(opencl, monkeyp
     """While rebalancing moves work off a slow device for 40 steps, the jit-compiled step is
     traced again a handful of times (after 2, 4, 8, ... steps), not at every move: each trace
     compiles the whole training step."""
-    import time as _time
-    from keras_cct.devices.opencl import conv as cl_conv
     from keras_cct.strategy import _jax
-    real = cl_conv.conv2d_forward
-
-    def slow(*args, **kwargs):
-        _time.sleep(0.03)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cl_conv, "conv2d_forward", slow)
+    _slow_opencl_forward(monkeypatch, 0.03)
     s = CCTStrategy([CPU, "opencl:0:0"], split=[0.5, 0.5], rebalance=True)
     model = _model(s)
     x, y = _data(160)
