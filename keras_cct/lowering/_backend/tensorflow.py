@@ -77,9 +77,10 @@ def native_conv(x, kernel, geo: ConvGeometry):
     Depthwise convolutions (one input channel per group) use ``tf.nn.depthwise_conv2d``.
     Strides with dilation (Caffe allows them, TensorFlow does not): stride 1, every s-th
     output kept. In bfloat16, explicit padding is a ``tf.pad`` before a ``VALID`` convolution:
-    TF's bfloat16 Conv2D with explicit padding is not oneDNN's and trains 13-46x slower
-    (forward+backward, MobileNet conv1 204 ms against 15; CaffeNet conv1 2,705 against 129), where
-    in float32 the explicit form is the faster one (CaffeNet conv1 151 against 226 ms)."""
+    TF's bfloat16 Conv2D with explicit padding is not oneDNN's and trained 13-46x slower
+    (forward+backward with the loss fetched, on a busy machine: MobileNet conv1 204 ms against
+    15; CaffeNet conv1's shape given explicit zero padding 2,705 against 129), where in float32
+    the explicit form was the faster one (that conv1 shape: 151 against 226 ms)."""
     strides, dilation = (geo.sh, geo.sw), (geo.dh, geo.dw)
     subsample = max(strides) > 1 and max(dilation) > 1
     if subsample:

@@ -266,14 +266,18 @@ class CaffeRNN(_Recurrent):
         return _tanh(ops.matmul(hs, ops.transpose(self.w_o)) + self.b_o)
 
 
-def _tanh(x):
-    """``tanh`` in ``x``'s dtype. Keras' JAX ``ops.tanh`` returns float32 for a float64 input
-    (Keras 3.15: its result type of float64 and a Python float is float32), which broke the
-    float64 scan's carry and gradient checks; ``jnp.tanh`` keeps the dtype."""
+def _tanh_of_backend():
+    """``tanh`` in its input's dtype, chosen once for the Keras backend. Keras' JAX
+    ``ops.tanh`` returns float32 for a float64 input (Keras 3.15: its result type of float64
+    and a Python float is float32), which broke the float64 scan's carry and gradient checks;
+    ``jnp.tanh`` keeps the dtype."""
     if keras.backend.backend() == "jax":
         import jax.numpy as jnp
-        return jnp.tanh(x)
-    return ops.tanh(x)
+        return jnp.tanh
+    return ops.tanh
+
+
+_tanh = _tanh_of_backend()
 
 
 def lstm_unit(c_prev, gates, cont, hidden: int):
