@@ -41,9 +41,10 @@ class HybridConv2D(keras.layers.Layer):
             ``"type2"``, ``"type3"`` (1x1 GEMM + shift-and-add lifting), ``"winograd"`` /
             ``"winograd4"`` (F(2x2, 3x3) / F(4x4, 3x3) for 3x3 kernels at stride 1; the latter
             not picked by the planner in 16-bit floats), ``"space_to_depth"`` (a strided
-            convolution as a stride-1 one on rearranged input, for first layers) or
-            ``"native"`` (the backend's own convolution in its fastest form: see
-            :mod:`keras_cct.lowering.native`).
+            convolution as a stride-1 one on rearranged input, for first layers),
+            ``"depthwise"`` (one input channel per group, as shifted multiply-adds: the
+            default for depthwise layers on JAX) or ``"native"`` (the backend's own
+            convolution in its fastest form: see :mod:`keras_cct.lowering.native`).
         planner: how ``"auto"`` chooses: ``"auto"`` (the default: the backend's own convolution
             against the cost model's best lowering, Winograd and space-to-depth, timed once per
             shape and cached on disk; the fastest of them as timed), ``"model"`` (CcT's rule through the cost

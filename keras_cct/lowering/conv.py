@@ -24,7 +24,8 @@ def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", di
         groups: channel groups (``channels`` and ``filters`` must be multiples of it).
         lowering: ``"type1"``, ``"type2"``, ``"type3"``, ``"winograd"`` / ``"winograd4"``
             (F(2x2, 3x3) / F(4x4, 3x3): 3x3, stride 1),
-            ``"space_to_depth"`` (strided, e.g. a first layer), ``"native"`` (the backend's own
+            ``"space_to_depth"`` (strided, e.g. a first layer), ``"depthwise"`` (one input
+            channel per group: shifted multiply-adds), ``"native"`` (the backend's own
             convolution) or ``"auto"`` (chosen by :func:`keras_cct.lowering.choose`).
         planner: the ``mode`` :func:`~keras_cct.lowering.choose` uses for ``"auto"``.
 

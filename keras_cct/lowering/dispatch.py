@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Tuple
 
 from keras_cct.errors import LoweringError
+from keras_cct.lowering.depthwise import depthwise_applies, depthwise_conv2d
 from keras_cct.lowering.engine import lowered_conv2d
 from keras_cct.lowering.geometry import ConvGeometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, LOWERING_NAMES
@@ -20,9 +21,10 @@ NEEDS = {
     "winograd4": "a 3x3 kernel at stride 1 without dilation",
     "space_to_depth": "a stride above 1, one group, no dilation and a kernel whose zero-padding "
                       "to a multiple of the stride adds at most 40% to its size",
+    "depthwise": "one input channel per group (a depthwise convolution)",
 }
 _APPLIES = {"winograd": winograd_applies, "winograd4": winograd_applies,
-            "space_to_depth": space_to_depth_applies}
+            "space_to_depth": space_to_depth_applies, "depthwise": depthwise_applies}
 
 
 def check_lowering(lowering: str) -> str:
@@ -34,7 +36,8 @@ def check_lowering(lowering: str) -> str:
 
 def available(geo: ConvGeometry) -> Tuple[str, ...]:
     """The lowerings that can compute ``geo`` (on every Keras backend): the three types and
-    ``"native"`` always, ``"winograd"`` and ``"space_to_depth"`` where :data:`NEEDS` says."""
+    ``"native"`` always, ``"winograd"``, ``"space_to_depth"`` and ``"depthwise"`` where
+    :data:`NEEDS` says."""
     return tuple(c for c in ALL_LOWERINGS if c not in _APPLIES or _APPLIES[c](geo))
 
 
@@ -59,5 +62,7 @@ def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str):
         check_available(geo, lowering)
         if lowering in ("winograd", "winograd4"):
             return winograd_conv2d(x, kernel, geo, tile=2 if lowering == "winograd" else 4)
+        if lowering == "depthwise":
+            return depthwise_conv2d(x, kernel, geo)
         return space_to_depth_conv2d(x, kernel, geo)
     raise LoweringError(f"`lowering` must be one of {ALL_LOWERINGS} here, got {lowering!r}")

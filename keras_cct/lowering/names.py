@@ -5,7 +5,8 @@
 #: and a shift-and-add lifting), Type 2 one axis of each.
 LOWERED_TYPES = ("type1", "type2", "type3")
 #: Every lowering a convolution can be computed by, in the order the planner lists them.
-ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd", "winograd4", "space_to_depth")
+ALL_LOWERINGS = LOWERED_TYPES + ("native", "winograd", "winograd4", "space_to_depth",
+                                 "depthwise")
 #: What a user may ask for: a lowering, or ``"auto"`` (the planner chooses).
 LOWERING_NAMES = ("auto",) + ALL_LOWERINGS
 #: How ``"auto"`` chooses (:func:`keras_cct.lowering.choose`).

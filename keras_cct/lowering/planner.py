@@ -17,7 +17,10 @@ Three modes:
   choice is cached on disk, so the first use of a shape costs about a second and later ones
   nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
-  several).
+  several). A depthwise convolution (one input channel per group) is not timed either: it runs
+  what the backend module names (``DEPTHWISE``: the backend's own depthwise op on TensorFlow
+  and PyTorch, ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped convolution is
+  7-50x slower; :mod:`keras_cct.lowering.depthwise`).
 * ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1
   (replicate the input) wins when input channels are fewer than output channels, Type 3
   (replicate the output) in the opposite case, Type 2 in between; the estimate in
@@ -123,6 +126,9 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
         usable = tuple(c for c in candidates if c in usable) or ("native",)
     if mode == "measure":
         return _measured_choice(geo, usable, dtype, training, b)
+    if "depthwise" in usable and geo.groups > 1 and B.DEPTHWISE in usable:
+        return B.DEPTHWISE
+    usable = tuple(c for c in usable if c != "depthwise") or usable
     if geo.flops(b) < AUTO_MIN_FLOPS or geo.groups > MAX_SPLIT_GROUPS:
         return "native" if "native" in usable else usable[0]
     if geo.cg < WINOGRAD_MIN_CHANNELS:

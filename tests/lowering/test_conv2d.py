@@ -20,6 +20,9 @@ CASES = {
                      dict(strides=(3, 2), padding=((1, 2), (0, 3)))),
     "dilation2_same": ((2, 10, 10, 4), (3, 3, 4, 4), dict(dilation_rate=2, padding="same")),
     "depthwise_s2": ((2, 9, 9, 8), (3, 3, 1, 8), dict(groups=8, padding="same", strides=2)),
+    # the depthwise lowering's other paths: a channel multiplier, dilation, asymmetric padding
+    "depthwise_mult2_dil2": ((3, 10, 9, 3), (3, 2, 1, 6),
+                             dict(groups=3, dilation_rate=2, padding=((2, 1), (0, 2)))),
     "k11_s4": ((1, 23, 23, 3), (11, 11, 3, 4), dict(strides=4, padding=2)),
     # first layers: space_to_depth applies (ResNet's stem; an even kernel, uneven padding)
     "k7_s2_p3": ((2, 15, 13, 3), (7, 7, 3, 5), dict(strides=2, padding=3)),

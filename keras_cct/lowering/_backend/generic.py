@@ -12,8 +12,12 @@ from keras_cct.lowering._backend import common
 from keras_cct.lowering.geometry import ConvGeometry
 
 NAME = "generic"
-__all__ = ["NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
-           "device_name", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
+#: What ``mode="auto"`` picks for a depthwise convolution (one input channel per group, more
+#: than one group), untimed: the backend's own depthwise op, or ``"depthwise"``
+#: (:mod:`keras_cct.lowering.depthwise`) where that is far faster.
+DEPTHWISE = "native"
+__all__ = ["DEPTHWISE", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
+           "depthwise_conv", "device_name", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "split_batch", "take_rows"]
 
 
@@ -98,6 +102,41 @@ def native_conv(x, kernel, geo: ConvGeometry):
         padding = "valid"
     return ops.conv(x, kernel, strides=(geo.sh, geo.sw), padding=padding,
                     dilation_rate=(geo.dh, geo.dw))
+
+
+def depthwise_taps(xp, geo: ConvGeometry):
+    """``(i, j, slice)`` for every tap of a depthwise kernel: the window of the padded
+    channels-last ``xp`` that tap (i, j) multiplies, at the output's size."""
+    oh, ow = geo.out_h, geo.out_w
+    for i in range(geo.kh):
+        for j in range(geo.kw):
+            r, c = i * geo.dh, j * geo.dw
+            yield i, j, xp[:, r:r + (oh - 1) * geo.sh + 1:geo.sh,
+                           c:c + (ow - 1) * geo.sw + 1:geo.sw, :]
+
+
+def depthwise_input(x, geo: ConvGeometry):
+    """``x`` padded by Caffe's padding, each channel repeated by the channel multiplier."""
+    m = geo.filters // geo.channels
+    if m > 1:
+        x = ops.repeat(x, m, axis=-1)
+    (pt, pb), (pl, pr) = geo.pad
+    return ops.pad(x, [[0, 0], [pt, pb], [pl, pr], [0, 0]])
+
+
+def depthwise_conv(x, kernel, geo: ConvGeometry):
+    """A depthwise convolution (:mod:`keras_cct.lowering.depthwise`) as ``kh * kw`` shifted
+    multiply-adds in ``keras.ops``; gradients by autodiff. 16-bit inputs are summed in
+    float32."""
+    dtype = ops.dtype(x)
+    wide = dtype in ("float16", "bfloat16")
+    xp = depthwise_input(x, geo)
+    y = None
+    for i, j, t in depthwise_taps(xp, geo):
+        term = t * kernel[i, j, 0]
+        term = ops.cast(term, "float32") if wide else term
+        y = term if y is None else y + term
+    return ops.cast(y, dtype) if wide else y
 
 
 def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, *,

@@ -15,6 +15,11 @@ from keras_cct.lowering._backend.generic import *  # noqa: F401,F403
 from keras_cct.lowering.geometry import ConvGeometry
 
 NAME = "jax"
+#: XLA's CPU convolution with ``feature_group_count = channels`` is 7-50x slower than the
+#: shifted multiply-adds of :func:`depthwise_conv` on MobileNet v1's depthwise layers
+#: (forward+backward at batch 16, float32: conv2_1/dw 356 against 100 ms, conv5_6/dw 79
+#: against 2.4; see docs/benchmarks/convs.md for the figures of the shipped form).
+DEPTHWISE = "depthwise"
 __all__ = generic.__all__
 
 
@@ -92,3 +97,82 @@ def layer_steps(layer, args: list, dys: list):
         return y, vjp(type(y)(ct) if isinstance(y, (list, tuple)) else ct[0])
 
     return jax.jit(lambda *a: apply(tv, *a)), jax.jit(forward_backward)
+
+
+#: :func:`depthwise_conv` works through the batch this many bytes of input at a time (whole
+#: images; one ``lax.scan`` step each), so that a chunk's ``kh * kw`` slices are read from
+#: cache, and so that XLA cannot fuse the taps into the reduction of a consumer (a loss, a
+#: batch norm's statistics). Fused with the whole batch, XLA's CPU reduction fusion copied every
+#: slice and every broadcast kernel tap to memory first: MobileNet conv2_1/dw at batch 16 took
+#: 150 ms forward+backward under a sum, against 8 ms for the forward alone; its kernel
+#: gradient summed over the whole batch at once took 76 ms, in chunks 31.
+DEPTHWISE_CHUNK_BYTES = 4 << 20
+
+
+def _depthwise_chunk(b: int, per_image: int) -> int:
+    """The largest divisor of the batch ``b`` whose images fit :data:`DEPTHWISE_CHUNK_BYTES`."""
+    chunk = max(1, min(b, DEPTHWISE_CHUNK_BYTES // max(per_image, 1)))
+    while b % chunk:
+        chunk -= 1
+    return chunk
+
+
+def _depthwise_forward(x, kernel, geo: ConvGeometry):
+    """Sum of the taps of one chunk of images (padded and repeated here), in float32 for 16-bit
+    inputs (XLA fuses the taps into one pass)."""
+    acc = jnp.promote_types(x.dtype, jnp.float32)
+    y = None
+    for i, j, t in generic.depthwise_taps(generic.depthwise_input(x, geo), geo):
+        term = t.astype(acc) * kernel[i, j, 0].astype(acc)
+        y = term if y is None else y + term
+    return y.astype(x.dtype)
+
+
+def _depthwise_backward(x, kernel, dy, geo: ConvGeometry):
+    """One chunk's input gradient (autodiff's: the slices' transposes, fused) and its part of
+    the kernel gradient (``kh * kw`` sums over the chunk of a tap's slice times ``dy``)."""
+    acc = jnp.promote_types(x.dtype, jnp.float32)
+    _, pull = jax.vjp(lambda a: _depthwise_forward(a, kernel, geo), x)
+    xp = generic.depthwise_input(x, geo)
+    dk = jnp.stack([jnp.sum(t.astype(acc) * dy.astype(acc), axis=(0, 1, 2))
+                    for _, _, t in generic.depthwise_taps(xp, geo)])
+    return pull(dy)[0], dk
+
+
+def _chunked(x, chunk: int):
+    return x.reshape((x.shape[0] // chunk, chunk) + x.shape[1:])
+
+
+def _unchunked(x):
+    return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def depthwise_conv(x, kernel, geo: ConvGeometry):
+    """A depthwise convolution (:mod:`keras_cct.lowering.depthwise`): forward and backward
+    each one ``lax.scan`` over cache-sized chunks of images (:data:`DEPTHWISE_CHUNK_BYTES`)."""
+    b = x.shape[0]
+    chunk = _depthwise_chunk(b, int(np.prod(x.shape[1:])) * x.dtype.itemsize)
+
+    @jax.custom_vjp
+    def conv(xx, kk):
+        ys = lax.scan(lambda _, a: (None, _depthwise_forward(a, kk, geo)), None,
+                      _chunked(xx, chunk))[1]
+        return _unchunked(ys)
+
+    def fwd(xx, kk):
+        return conv(xx, kk), (xx, kk)
+
+    def bwd(saved, dy):
+        xx, kk = saved
+        acc = jnp.promote_types(xx.dtype, jnp.float32)
+
+        def step(total, a):
+            dx, dk = _depthwise_backward(a[0], kk, a[1], geo)
+            return total + dk, dx
+
+        dk, dxs = lax.scan(step, jnp.zeros((geo.kh * geo.kw, kk.shape[-1]), acc),
+                           (_chunked(xx, chunk), _chunked(dy, chunk)))
+        return _unchunked(dxs), dk.reshape(kk.shape).astype(kk.dtype)
+
+    conv.defvjp(fwd, bwd)
+    return conv(x, kernel)
