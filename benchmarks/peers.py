@@ -20,7 +20,7 @@ import numpy as np
 
 #: HybridConv2D's explicit lowerings measured beside the default (winograd F(2x2,3x3) and
 #: winograd4 F(4x4,3x3): 3x3 stride 1 only; skipped with the reason where not wired in).
-LOWERINGS = ("type1", "type2", "type3", "native", "winograd", "winograd4")
+LOWERINGS = ("type1", "type2", "type3", "native", "winograd", "winograd4", "depthwise")
 #: Peers: what a user would run instead of keras_cct.
 PEERS = ("keras_conv2d", "keras_split", "keras_depthwise", "torch_nchw", "torch_cl")
 #: Above this many groups the lowered types and Winograd (a Python loop over groups: one GEMM
@@ -59,6 +59,8 @@ def applies(name: str, shp: dict, batch: int) -> Optional[str]:
         from keras_cct.lowering.planner import fits_in_memory
         if not low.startswith("winograd") and not fits_in_memory(geometry(shp, batch), low, batch):
             return "temporaries exceed the memory budget (keras_cct.lowering.planner)"
+    if low == "depthwise" and not is_depthwise(shp):
+        return "depthwise: one input channel per group only"
     if name == "keras_split":
         if g == 1:
             return "groups = 1"

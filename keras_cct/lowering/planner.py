@@ -14,13 +14,17 @@ Three modes:
   ``"native"`` must beat it by :data:`NATIVE_MARGIN`, and one that wins by less than
   :data:`CONFIRM_BELOW` at a batch smaller than the layer's is timed again beside ``"native"``
   at a larger batch (:func:`confirm_batch`; rankings at 4 images and at 32 can differ). The
-  choice is cached on disk, so the first use of a shape costs about a second and later ones
-  nothing. A convolution of less than
+  planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
+  the others in :data:`AUTO_ORDER`, and none started once it is spent (an unconfirmed close
+  winner then yields to ``"native"``). The choice is cached on disk, so the first use of a
+  shape costs about a second and later ones nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
   several). A depthwise convolution (one input channel per group) is not timed either: it runs
   what the backend module names (``DEPTHWISE``: the backend's own depthwise op on TensorFlow
   and PyTorch, ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped convolution is
-  7-50x slower; :mod:`keras_cct.lowering.depthwise`).
+  7-50x slower; :mod:`keras_cct.lowering.depthwise`). On a backend whose module sets
+  ``LOWER_1X1`` (JAX), an ungrouped 1x1 convolution runs the cost model's lowered type (one
+  GEMM) untimed.
 * ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1
   (replicate the input) wins when input channels are fewer than output channels, Type 3
   (replicate the output) in the opposite case, Type 2 in between; the estimate in
@@ -83,6 +87,18 @@ CONFIRM_FLOPS_PER_CALL = 24e9
 #: 152/91 against type1 39 on PyTorch; on JAX (bfloat16) 124/49 against 20, after 2.6/3.3 s of
 #: compiling each -- most of that layer's 27-31 s first use on JAX.
 WINOGRAD_MIN_CHANNELS = 16
+#: Seconds ``mode="auto"`` may spend on a new shape before it starts no further candidate
+#: (``$KERAS_CCT_PLAN_BUDGET`` overrides; ``mode="measure"`` has no budget). ``"native"`` is
+#: always timed first, then the others in the order of :data:`AUTO_ORDER`; the rounds and the
+#: confirmation run on the candidates already compiled. Compiling a candidate is most of a
+#: first use on JAX (XLA: 0.3-1.6 s each on VGG16 conv1_2, F(4x4) the slowest) and on
+#: TensorFlow's first traced shape; without the budget a first use took up to 6.5 s.
+AUTO_BUDGET_S = 1.0
+#: The order ``mode="auto"`` times its shortlist in after ``"native"``: the candidates that
+#: do the fewest multiplications first (F(4x4): 4x fewer than the direct convolution on 3x3
+#: layers, F(2x2): 2.25x, space-to-depth: a first layer's full-width GEMM), then the cost
+#: model's lowered type.
+AUTO_ORDER = ("winograd4", "winograd", "space_to_depth") + LOWERED_TYPES
 
 
 def _cpu_name() -> str:
@@ -134,6 +150,8 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
     if geo.cg < WINOGRAD_MIN_CHANNELS:
         usable = tuple(c for c in usable if not c.startswith("winograd")) or usable
     lowered = tuple(c for c in usable if c in LOWERED_TYPES and fits_in_memory(geo, c, b))
+    if B.LOWER_1X1 and lowered and geo.kh == geo.kw == 1 and geo.groups == 1:
+        return _model_choice(geo, lowered, b, training, machine)
     shortlist = tuple(c for c in usable if c not in LOWERED_TYPES)
     if lowered:
         shortlist += (_model_choice(geo, lowered, b, training, machine),)
@@ -163,6 +181,12 @@ def _keep_native(times: Dict[str, float]) -> str:
     return best
 
 
+def plan_budget_s() -> float:
+    """:data:`AUTO_BUDGET_S`, or ``$KERAS_CCT_PLAN_BUDGET`` (seconds) when set."""
+    env = os.environ.get("KERAS_CCT_PLAN_BUDGET")
+    return float(env) if env else AUTO_BUDGET_S
+
+
 def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch: int) -> str:
     fitting = tuple(c for c in shortlist if fits_in_memory(geo, c, batch))
     shortlist = fitting or shortlist
@@ -170,18 +194,29 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     hit = _read_cache().get(key)
     if isinstance(hit, dict) and hit.get("choice") in shortlist:
         return hit["choice"]
+    order = [c for c in ("native",) + AUTO_ORDER if c in shortlist]
+    order += [c for c in shortlist if c not in order]
+    start, budget = time.perf_counter(), plan_budget_s()
     small = auto_batch(geo, batch)
-    times = time_lowerings(geo, shortlist, batch=small, dtype=dtype, training=training,
-                           repeats=AUTO_REPEATS)
+    warmups: Dict[str, float] = {}
+    times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
+                           repeats=AUTO_REPEATS, budget_s=budget, warmups=warmups)
+    budget += warmups.get(order[0], 0.0)  # (see _time_lowerings)
     best = _keep_native(times)
-    entry = {"batch": small, "seconds": times}
+    entry = {"batch": small, "seconds": times,
+             "not_timed": [c for c in order if c not in times]}
     big = confirm_batch(geo, batch)
     if best != "native" and "native" in times and big > small and \
             times["native"] < CONFIRM_BELOW * times[best]:
-        again = time_lowerings(geo, ("native", best), batch=big, dtype=dtype,
-                               training=training, repeats=AUTO_REPEATS)
-        best = _keep_native(again)
-        entry.update(confirm_batch=big, confirm_seconds=again)
+        if time.perf_counter() - start < budget:
+            again = time_lowerings(geo, ("native", best), batch=big, dtype=dtype,
+                                   training=training, repeats=AUTO_REPEATS)
+            entry.update(confirm_batch=big, confirm_seconds=again)
+            best = _keep_native(again)
+        else:  # a close win at a small batch, unconfirmed: the backend's own op is the safe pick
+            entry.update(unconfirmed=best)
+            best = "native"
+    entry["plan_seconds"] = time.perf_counter() - start
     entries = _read_cache()
     entries[key] = dict(entry, choice=best)
     _write_cache(entries)
@@ -312,28 +347,42 @@ def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: s
 
 
 def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 32,
-                   dtype: str = "float32", training: bool = True,
-                   repeats: int = 3) -> Dict[str, float]:
+                   dtype: str = "float32", training: bool = True, repeats: int = 3,
+                   budget_s: Optional[float] = None,
+                   warmups: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of each of ``lowerings``
     on ``geo``, on the current Keras backend: one warm-up call each, then ``repeats`` rounds
     in which each is timed once, the order rotated every round (side by side, so that a burst
-    of load on a busy machine does not fall on one candidate only)."""
+    of load on a busy machine does not fall on one candidate only). With ``budget_s``, no
+    further candidate is started once that many seconds have passed since the first one was
+    compiled: the result holds the ones started (in ``lowerings``' order). ``warmups``, if
+    given, receives each candidate's seconds of making and warming up its step."""
     import concurrent.futures
     # A layer may be built while TF traces a function (its graph and paused gradient tapes are
     # thread-local): time on a fresh thread, which starts in plain eager mode.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(_time_lowerings, geo, tuple(lowerings), batch, dtype, training,
-                           repeats).result()
+                           repeats, budget_s, {} if warmups is None else warmups).result()
 
 
-def _time_lowerings(geo, lowerings, batch, dtype, training, repeats) -> Dict[str, float]:
+def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
+                    warmups) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
-    steps = {}
+    steps, start = {}, None
     for low in lowerings:
+        if start is not None and budget_s is not None and \
+                time.perf_counter() - start >= budget_s:
+            break
+        t0 = time.perf_counter()
         steps[low] = make_step(geo, low, x, k, training=training, dtype=dtype)
         steps[low]()  # warm-up: compile, first-touch memory
+        warmups[low] = time.perf_counter() - t0
+        # The first candidate's compilation is what the layer costs without keras_cct too (a
+        # model with keras Conv2D compiles its convolution): the budget counts from there.
+        start = time.perf_counter() if start is None else start
+    lowerings = tuple(steps)
     best = {low: float("inf") for low in lowerings}
     for rnd in range(repeats):
         order = lowerings[rnd % len(lowerings):] + lowerings[:rnd % len(lowerings)]

@@ -190,3 +190,71 @@ def test_auto_mode_leaves_winograd_out_for_few_input_channels(cache_dir, monkeyp
     # ...and a user may still ask for it by name
     assert choose((None, 112, 112, 3), (3, 3, 3, 64), padding=1, mode="auto",
                   candidates=["winograd"]) == "winograd"
+
+
+def _slow_steps(monkeypatch, warmup_s, call_s):
+    """``make_step`` replaced: each candidate's first call (its compilation) takes
+    ``warmup_s[lowering]`` seconds of a fake clock, every later call ``call_s[lowering]``."""
+    clock = {"now": 0.0}
+    started = []
+    monkeypatch.setattr(planner.time, "perf_counter", lambda: clock["now"])
+
+    def make_step(geo, low, x, k, **kw):
+        started.append((low, x.shape[0]))
+        calls = []
+
+        def step():
+            clock["now"] += warmup_s.get(low, 0.1) if not calls else call_s[low]
+            calls.append(1)
+        return step
+
+    monkeypatch.setattr(planner, "make_step", make_step)
+    return started
+
+
+def test_auto_mode_starts_no_candidate_once_its_budget_is_spent(cache_dir, monkeypatch):
+    """The first use of a shape stays near AUTO_BUDGET_S: counted from the backend's own
+    convolution's compilation (which keras Conv2D pays as well), no further candidate is
+    compiled once it is spent; what was compiled is timed and may still win."""
+    geo = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    budget = planner.AUTO_BUDGET_S
+    started = _slow_steps(monkeypatch, {"native": 5.0, "winograd4": 0.7 * budget,
+                                        "winograd": 0.7 * budget},
+                          {"native": 0.010, "winograd4": 0.005, "winograd": 0.004,
+                           "type1": 0.001})
+    assert planner.choose_for(geo, mode="auto", batch=32) == "winograd"
+    assert [low for low, _ in started] == ["native", "winograd4", "winograd"]
+    entry = next(iter(planner._read_cache().values()))
+    assert entry["not_timed"] == ["type1"] and entry["choice"] == "winograd"
+    # a larger budget times them all (and type1, the fastest, wins)
+    monkeypatch.setenv("KERAS_CCT_PLAN_BUDGET", "100")
+    started.clear()
+    assert planner.choose_for(geo, mode="auto", batch=16) == "type1"
+    assert {low for low, _ in started} == {"native", "winograd4", "winograd", "type1"}
+
+
+def test_auto_mode_an_unconfirmed_close_winner_yields_to_native(cache_dir, monkeypatch):
+    """A winner by less than CONFIRM_BELOW at a small batch is timed again at a larger one
+    only while the budget lasts; past it, the backend's own convolution is kept."""
+    geo = conv_geometry((None, 56, 56, 64), (3, 3, 64, 128), padding=1)
+    monkeypatch.setattr(planner, "_model_choice", lambda *a: "type2")
+    started = _slow_steps(monkeypatch, {"native": 0.1, "winograd4": 2 * planner.AUTO_BUDGET_S},
+                          {"native": 0.010, "winograd4": 0.009, "winograd": 0.02,
+                           "type2": 0.02})
+    assert planner.choose_for(geo, mode="auto", batch=32) == "native"
+    assert [low for low, _ in started] == ["native", "winograd4"]   # no confirmation
+    entry = next(iter(planner._read_cache().values()))
+    assert entry["unconfirmed"] == "winograd4"
+
+
+def test_auto_mode_lowers_1x1_layers_untimed_where_the_backend_says(cache_dir, monkeypatch):
+    """On JAX (LOWER_1X1), an ungrouped 1x1 convolution is the cost model's lowered type
+    without timing; elsewhere it is timed against the backend's own."""
+    from keras_cct.lowering import _backend as B
+    timed = []
+    _patch_timer(monkeypatch, lambda geo, low, **kw: timed.append(low) or 1.0)
+    pick = choose((None, 56, 56, 64), (1, 1, 64, 256), mode="auto")
+    if B.LOWER_1X1:
+        assert pick in planner.LOWERED_TYPES and timed == []
+    else:
+        assert "native" in timed

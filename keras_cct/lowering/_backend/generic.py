@@ -16,7 +16,10 @@ NAME = "generic"
 #: than one group), untimed: the backend's own depthwise op, or ``"depthwise"``
 #: (:mod:`keras_cct.lowering.depthwise`) where that is far faster.
 DEPTHWISE = "native"
-__all__ = ["DEPTHWISE", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
+#: Whether ``mode="auto"`` runs an ungrouped 1x1 convolution as the cost model's lowered type
+#: (one GEMM), untimed, where the backend's convolution is known to lose to its own GEMM.
+LOWER_1X1 = False
+__all__ = ["DEPTHWISE", "LOWER_1X1", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
            "depthwise_conv", "device_name", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "split_batch", "take_rows"]
 

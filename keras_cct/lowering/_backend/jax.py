@@ -20,6 +20,10 @@ NAME = "jax"
 #: (forward+backward at batch 16, float32: conv2_1/dw 356 against 100 ms, conv5_6/dw 79
 #: against 2.4; see docs/benchmarks/convs.md for the figures of the shipped form).
 DEPTHWISE = "depthwise"
+#: XLA's CPU convolution runs 1x1 layers 1.2-3x slower than the same product as one GEMM (all
+#: 15 of ResNet-50's and 9 of MobileNet v1's 1x1 shapes, float32 and bfloat16, where the
+#: planner timed both: docs/benchmarks/convs.md), so they are lowered without timing.
+LOWER_1X1 = True
 __all__ = generic.__all__
 
 
