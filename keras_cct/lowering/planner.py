@@ -15,8 +15,7 @@ Three modes:
   :data:`CONFIRM_BELOW` at a batch smaller than the layer's is timed again beside ``"native"``
   at a larger batch (:func:`confirm_batch`; rankings at 4 images and at 32 can differ). The
   planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
-  the others in :data:`AUTO_ORDER`, and none started once it is spent (an unconfirmed close
-  winner then yields to ``"native"``). The choice is cached on disk, so the first use of a
+  the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached on disk, so the first use of a
   shape costs about a second and later ones nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
   several). A depthwise convolution (one input channel per group) is not timed either: it runs
@@ -88,17 +87,20 @@ CONFIRM_FLOPS_PER_CALL = 24e9
 #: compiling each -- most of that layer's 27-31 s first use on JAX.
 WINOGRAD_MIN_CHANNELS = 16
 #: Seconds ``mode="auto"`` may spend on a new shape before it starts no further candidate
-#: (``$KERAS_CCT_PLAN_BUDGET`` overrides; ``mode="measure"`` has no budget). ``"native"`` is
-#: always timed first, then the others in the order of :data:`AUTO_ORDER`; the rounds and the
-#: confirmation run on the candidates already compiled. Compiling a candidate is most of a
-#: first use on JAX (XLA: 0.3-1.6 s each on VGG16 conv1_2, F(4x4) the slowest) and on
-#: TensorFlow's first traced shape; without the budget a first use took up to 6.5 s.
+#: (``$KERAS_CCT_PLAN_BUDGET`` overrides; ``mode="measure"`` has no budget), counted from
+#: the moment ``"native"``, always first, is compiled (what keras Conv2D costs as well); the
+#: others follow in the order of :data:`AUTO_ORDER`. The rounds run on the candidates
+#: started, and a close winner's confirmation (two more compilations) runs regardless.
+#: Compiling a candidate is most of a first use on JAX (XLA: 0.3-1.8 s each on VGG16 conv1_2,
+#: F(4x4) the slowest) and on TensorFlow (0.2-1.9 s for the first trace of a lowering in a
+#: process); without the budget a first use took up to 6.5 s.
 AUTO_BUDGET_S = 1.0
-#: The order ``mode="auto"`` times its shortlist in after ``"native"``: the candidates that
-#: do the fewest multiplications first (F(4x4): 4x fewer than the direct convolution on 3x3
-#: layers, F(2x2): 2.25x, space-to-depth: a first layer's full-width GEMM), then the cost
-#: model's lowered type.
-AUTO_ORDER = ("winograd4", "winograd", "space_to_depth") + LOWERED_TYPES
+#: The order ``mode="auto"`` times its shortlist in after ``"native"``: Winograd F(2x2) (2.25x
+#: fewer multiplications on 3x3 layers; the one that won on TensorFlow, in float32 and
+#: bfloat16) before F(4x4) (4x fewer; the slowest to compile: 1.6 s on JAX for VGG16's
+#: conv1_2, and the first Winograd TensorFlow traces in a process takes 1.5 s), then
+#: space-to-depth (a first layer's full-width GEMM), then the cost model's lowered type.
+AUTO_ORDER = ("winograd", "winograd4", "space_to_depth") + LOWERED_TYPES
 
 
 def _cpu_name() -> str:
@@ -196,26 +198,20 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
         return hit["choice"]
     order = [c for c in ("native",) + AUTO_ORDER if c in shortlist]
     order += [c for c in shortlist if c not in order]
-    start, budget = time.perf_counter(), plan_budget_s()
+    start = time.perf_counter()
     small = auto_batch(geo, batch)
-    warmups: Dict[str, float] = {}
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
-                           repeats=AUTO_REPEATS, budget_s=budget, warmups=warmups)
-    budget += warmups.get(order[0], 0.0)  # (see _time_lowerings)
+                           repeats=AUTO_REPEATS, budget_s=plan_budget_s())
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times,
              "not_timed": [c for c in order if c not in times]}
     big = confirm_batch(geo, batch)
     if best != "native" and "native" in times and big > small and \
             times["native"] < CONFIRM_BELOW * times[best]:
-        if time.perf_counter() - start < budget:
-            again = time_lowerings(geo, ("native", best), batch=big, dtype=dtype,
-                                   training=training, repeats=AUTO_REPEATS)
-            entry.update(confirm_batch=big, confirm_seconds=again)
-            best = _keep_native(again)
-        else:  # a close win at a small batch, unconfirmed: the backend's own op is the safe pick
-            entry.update(unconfirmed=best)
-            best = "native"
+        again = time_lowerings(geo, ("native", best), batch=big, dtype=dtype,
+                               training=training, repeats=AUTO_REPEATS)
+        entry.update(confirm_batch=big, confirm_seconds=again)
+        best = _keep_native(again)
     entry["plan_seconds"] = time.perf_counter() - start
     entries = _read_cache()
     entries[key] = dict(entry, choice=best)
@@ -348,25 +344,23 @@ def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: s
 
 def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 32,
                    dtype: str = "float32", training: bool = True, repeats: int = 3,
-                   budget_s: Optional[float] = None,
-                   warmups: Optional[Dict[str, float]] = None) -> Dict[str, float]:
+                   budget_s: Optional[float] = None) -> Dict[str, float]:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of each of ``lowerings``
     on ``geo``, on the current Keras backend: one warm-up call each, then ``repeats`` rounds
     in which each is timed once, the order rotated every round (side by side, so that a burst
     of load on a busy machine does not fall on one candidate only). With ``budget_s``, no
     further candidate is started once that many seconds have passed since the first one was
-    compiled: the result holds the ones started (in ``lowerings``' order). ``warmups``, if
-    given, receives each candidate's seconds of making and warming up its step."""
+    compiled: the result holds the ones started (in ``lowerings``' order)."""
     import concurrent.futures
     # A layer may be built while TF traces a function (its graph and paused gradient tapes are
     # thread-local): time on a fresh thread, which starts in plain eager mode.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(_time_lowerings, geo, tuple(lowerings), batch, dtype, training,
-                           repeats, budget_s, {} if warmups is None else warmups).result()
+                           repeats, budget_s).result()
 
 
-def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
-                    warmups) -> Dict[str, float]:
+def _time_lowerings(geo, lowerings, batch, dtype, training, repeats,
+                    budget_s) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
@@ -375,10 +369,8 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
         if start is not None and budget_s is not None and \
                 time.perf_counter() - start >= budget_s:
             break
-        t0 = time.perf_counter()
         steps[low] = make_step(geo, low, x, k, training=training, dtype=dtype)
         steps[low]()  # warm-up: compile, first-touch memory
-        warmups[low] = time.perf_counter() - t0
         # The first candidate's compilation is what the layer costs without keras_cct too (a
         # model with keras Conv2D compiles its convolution): the budget counts from there.
         start = time.perf_counter() if start is None else start

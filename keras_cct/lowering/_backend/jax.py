@@ -154,6 +154,10 @@ def _unchunked(x):
 def depthwise_conv(x, kernel, geo: ConvGeometry):
     """A depthwise convolution (:mod:`keras_cct.lowering.depthwise`): forward and backward
     each one ``lax.scan`` over cache-sized chunks of images (:data:`DEPTHWISE_CHUNK_BYTES`)."""
+    if x.dtype.itemsize < 4:  # XLA's CPU loops convert 16-bit floats element by element, per
+        #                       tap: one conversion each way is cheaper (see DEPTHWISE_F32)
+        return depthwise_conv(x.astype(jnp.float32), kernel.astype(jnp.float32),
+                              geo).astype(x.dtype)
     b = x.shape[0]
     chunk = _depthwise_chunk(b, int(np.prod(x.shape[1:])) * x.dtype.itemsize)
 
