@@ -154,8 +154,9 @@ def _unchunked(x):
 def depthwise_conv(x, kernel, geo: ConvGeometry):
     """A depthwise convolution (:mod:`keras_cct.lowering.depthwise`): forward and backward
     each one ``lax.scan`` over cache-sized chunks of images (:data:`DEPTHWISE_CHUNK_BYTES`)."""
-    if x.dtype.itemsize < 4:  # XLA's CPU loops convert 16-bit floats element by element, per
-        #                       tap: one conversion each way is cheaper (see DEPTHWISE_F32)
+    if x.dtype.itemsize < 4:  # XLA's CPU loops convert 16-bit floats element by element for
+        # every tap: one conversion each way is cheaper (MobileNet conv2_1/dw in bfloat16,
+        # forward+backward at batch 16: 206 ms converting per tap, 59 ms converting once)
         return depthwise_conv(x.astype(jnp.float32), kernel.astype(jnp.float32),
                               geo).astype(x.dtype)
     b = x.shape[0]
