@@ -17,9 +17,9 @@ Where it pays: on **JAX**, where XLA's CPU convolution with ``feature_group_coun
 runs far from the memory speed such a layer needs (MobileNet v1's depthwise layers at batch
 16, forward+backward: 66-498 ms, against 0.6-9 ms for PyTorch's oneDNN kernel). There
 :func:`keras_cct.lowering._backend.jax.depthwise_conv` fuses the forward's taps into one pass
-(accumulating in float32 for 16-bit inputs) and computes the kernel gradient image by image
-(``lax.scan``), whose slices stay in cache: XLA's reductions over the whole batch at once made
-one pass over memory per tap. TensorFlow (``tf.nn.depthwise_conv2d``) and PyTorch (oneDNN's
+(16-bit inputs converted to float32 once) and runs forward and backward through the batch in
+cache-sized chunks of images (``lax.scan``), whose slices stay in cache: XLA's reductions over
+the whole batch at once made one pass over memory per tap. TensorFlow (``tf.nn.depthwise_conv2d``) and PyTorch (oneDNN's
 grouped convolution) have depthwise kernels of their own, which the planner keeps; the
 ``keras.ops`` form here (autodiff gradients) runs there too, for a user who asks for it.
 """

@@ -15,13 +15,13 @@ Three modes:
   :data:`CONFIRM_BELOW` at a batch smaller than the layer's is timed again beside ``"native"``
   at a larger batch (:func:`confirm_batch`; rankings at 4 images and at 32 can differ). The
   planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
-  the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached on disk, so the first use of a
-  shape costs about a second and later ones nothing. A convolution of less than
+  the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
+  on disk, so the first use of a shape costs about a second and later ones nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
   several). A depthwise convolution (one input channel per group) is not timed either: it runs
   what the backend module names (``DEPTHWISE``: the backend's own depthwise op on TensorFlow
   and PyTorch, ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped convolution is
-  7-50x slower; :mod:`keras_cct.lowering.depthwise`). On a backend whose module sets
+  6-24x slower; :mod:`keras_cct.lowering.depthwise`). On a backend whose module sets
   ``LOWER_1X1`` (JAX), an ungrouped 1x1 convolution runs the cost model's lowered type (one
   GEMM) untimed.
 * ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1

@@ -15,10 +15,10 @@ from keras_cct.lowering._backend.generic import *  # noqa: F401,F403
 from keras_cct.lowering.geometry import ConvGeometry
 
 NAME = "jax"
-#: XLA's CPU convolution with ``feature_group_count = channels`` is 7-50x slower than the
-#: shifted multiply-adds of :func:`depthwise_conv` on MobileNet v1's depthwise layers
-#: (forward+backward at batch 16, float32: conv2_1/dw 356 against 100 ms, conv5_6/dw 79
-#: against 2.4; see docs/benchmarks/convs.md for the figures of the shipped form).
+#: XLA's CPU convolution with ``feature_group_count = channels`` (keras Conv2D on JAX) is
+#: 6-24x slower than the shifted multiply-adds of :func:`depthwise_conv` on MobileNet v1's
+#: depthwise layers (forward+backward at batch 16, float32: conv2_1/dw 302 against 50 ms,
+#: conv5_6/dw 84 against 4.7; docs/benchmarks/convs.md).
 DEPTHWISE = "depthwise"
 #: XLA's CPU convolution runs 1x1 layers 1.2-3x slower than the same product as one GEMM (all
 #: 15 of ResNet-50's and 9 of MobileNet v1's 1x1 shapes, float32 and bfloat16, where the
@@ -122,23 +122,20 @@ def _depthwise_chunk(b: int, per_image: int) -> int:
 
 
 def _depthwise_forward(x, kernel, geo: ConvGeometry):
-    """Sum of the taps of one chunk of images (padded and repeated here), in float32 for 16-bit
-    inputs (XLA fuses the taps into one pass)."""
-    acc = jnp.promote_types(x.dtype, jnp.float32)
+    """Sum of the taps of one chunk of images (padded and repeated here; XLA fuses the taps
+    into one pass)."""
     y = None
     for i, j, t in generic.depthwise_taps(generic.depthwise_input(x, geo), geo):
-        term = t.astype(acc) * kernel[i, j, 0].astype(acc)
-        y = term if y is None else y + term
-    return y.astype(x.dtype)
+        y = t * kernel[i, j, 0] if y is None else y + t * kernel[i, j, 0]
+    return y
 
 
 def _depthwise_backward(x, kernel, dy, geo: ConvGeometry):
     """One chunk's input gradient (autodiff's: the slices' transposes, fused) and its part of
     the kernel gradient (``kh * kw`` sums over the chunk of a tap's slice times ``dy``)."""
-    acc = jnp.promote_types(x.dtype, jnp.float32)
     _, pull = jax.vjp(lambda a: _depthwise_forward(a, kernel, geo), x)
     xp = generic.depthwise_input(x, geo)
-    dk = jnp.stack([jnp.sum(t.astype(acc) * dy.astype(acc), axis=(0, 1, 2))
+    dk = jnp.stack([jnp.sum(t * dy, axis=(0, 1, 2))
                     for _, _, t in generic.depthwise_taps(xp, geo)])
     return pull(dy)[0], dk
 
@@ -153,7 +150,8 @@ def _unchunked(x):
 
 def depthwise_conv(x, kernel, geo: ConvGeometry):
     """A depthwise convolution (:mod:`keras_cct.lowering.depthwise`): forward and backward
-    each one ``lax.scan`` over cache-sized chunks of images (:data:`DEPTHWISE_CHUNK_BYTES`)."""
+    each one ``lax.scan`` over cache-sized chunks of images (:data:`DEPTHWISE_CHUNK_BYTES`), in
+    float32 or float64 (16-bit inputs are converted once, and the result back)."""
     if x.dtype.itemsize < 4:  # XLA's CPU loops convert 16-bit floats element by element for
         # every tap: one conversion each way is cheaper (MobileNet conv2_1/dw in bfloat16,
         # forward+backward at batch 16: 206 ms converting per tap, 59 ms converting once)
@@ -173,15 +171,14 @@ def depthwise_conv(x, kernel, geo: ConvGeometry):
 
     def bwd(saved, dy):
         xx, kk = saved
-        acc = jnp.promote_types(xx.dtype, jnp.float32)
 
         def step(total, a):
             dx, dk = _depthwise_backward(a[0], kk, a[1], geo)
             return total + dk, dx
 
-        dk, dxs = lax.scan(step, jnp.zeros((geo.kh * geo.kw, kk.shape[-1]), acc),
+        dk, dxs = lax.scan(step, jnp.zeros((geo.kh * geo.kw, kk.shape[-1]), kk.dtype),
                            (_chunked(xx, chunk), _chunked(dy, chunk)))
-        return _unchunked(dxs), dk.reshape(kk.shape).astype(kk.dtype)
+        return _unchunked(dxs), dk.reshape(kk.shape)
 
     conv.defvjp(fwd, bwd)
     return conv(x, kernel)
