@@ -27,11 +27,21 @@ n x n tiles as padded additions) the input's. Every step is a handful of slices 
 written with ``keras.ops``, so it runs on TensorFlow (also under XLA), JAX and PyTorch, for any
 (also unknown) batch size, in the input's dtype (bfloat16 included).
 
+The four data transforms go through the backend's ``fused`` (:mod:`keras_cct.lowering._backend`):
+on TensorFlow each is one XLA cluster, compiled once per shape, so that its slices and additions
+make one pass over memory instead of one per op (CaffeNet conv3, forward+backward at batch 32 in
+float32, F(2x2) / F(4x4): 52 / 52 ms as separate ops, 40 / 36 as clusters, against 52-56 for
+oneDNN's direct convolution);
+in 16-bit floats (TensorFlow and JAX) the transforms compute in float32 and only the GEMMs' operands
+are rounded back.
+
 ``tile=2`` is F(2x2, 3x3): 16 products per 4 outputs (2.25x fewer multiplications than the
-direct convolution), transforms of additions only; relative error about 5e-7 in float32 (the
-backend's direct convolution: about 2e-6) and 1e-2 in bfloat16. ``tile=4`` is F(4x4, 3x3):
-36 per 16 (4x fewer), larger transforms, relative error about 1e-5 in float32 but about 1e-1 in
-bfloat16: use ``tile=2`` for bfloat16. (Errors against a float64 convolution, CaffeNet's conv3.)
+direct convolution), transforms of additions only; relative error about 8e-7 in float32 (the
+backend's direct convolution: about 2e-6) and 5e-3 in bfloat16 (the direct one: 3e-3). ``tile=4``
+is F(4x4, 3x3): 36 per 16 (4x fewer), larger transforms, relative error about 1e-5 in float32 but
+about 1e-1 in bfloat16 (the GEMM's bfloat16 output, amplified by the lifting's entries up to 8):
+use ``tile=2`` for bfloat16. (Errors against a float64 convolution of CaffeNet's conv3 shape at
+batch 8, TensorFlow.)
 
 On PyTorch (eager) the transforms write their results in place into a tile-major layout and the
 batched GEMMs are grouped 1x1 convolutions (see :func:`_torch_transforms`).
@@ -40,6 +50,7 @@ batched GEMMs are grouped 1x1 convolutions (see :func:`_torch_transforms`).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 import numpy as np
@@ -183,7 +194,7 @@ def _apply(pieces: Sequence, mat: np.ndarray, outs: Sequence, accumulate: bool =
             out.add_(p, alpha=c)
 
 
-def _torch_transforms(geo: ConvGeometry, tile: int, th: int, tw: int, pads):
+def _torch_transforms(t: "_Tiling"):
     """PyTorch's data transforms and GEMMs for :func:`winograd_conv2d` (eager execution): the
     same arithmetic, every result written in place into its final layout, and the data kept
     tile-major, ``(b, th, tw, n*n, c)``, which *is* a channels-last ``(b, n*n*c, th, tw)``
@@ -192,15 +203,14 @@ def _torch_transforms(geo: ConvGeometry, tile: int, th: int, tw: int, pads):
     on an AMD EPYC)."""
     import torch
     import torch.nn.functional as F
-    bt, _, at = _matrices(tile)
-    m, n = tile, tile + 2
-    nn = n * n
+    geo, m, n, nn, th, tw = t.geo, t.m, t.n, t.nn, t.th, t.tw
+    bt, _, at = _matrices(m)
     hp, wp = m * (th + 1), m * (tw + 1)
     (pt, _), (pl, _) = geo.pad
 
-    def tiles(t, axis, count):  # views: element i of every tile along axis
-        shape = list(t.shape)
-        view = t.reshape(shape[:axis] + [count + 1, m] + shape[axis + 1:])
+    def tiles(v, axis, count):  # views: element i of every tile along axis
+        shape = list(v.shape)
+        view = v.reshape(shape[:axis] + [count + 1, m] + shape[axis + 1:])
         idx = [slice(None)] * (len(shape) + 1)
         out = []
         for i in range(n):
@@ -208,17 +218,17 @@ def _torch_transforms(geo: ConvGeometry, tile: int, th: int, tw: int, pads):
             out.append(view[tuple(idx)])
         return out
 
-    def image(t):  # (b, th, tw, n, n, c) -> channels-last (b, n*n*c, th, tw) view
-        return t.reshape(t.shape[0], th, tw, -1).permute(0, 3, 1, 2)
+    def image(v):  # (b, th, tw, n, n, c) -> channels-last (b, n*n*c, th, tw) view
+        return v.reshape(v.shape[0], th, tw, -1).permute(0, 3, 1, 2)
 
-    def tiled(t):  # the inverse of image
-        return t.permute(0, 2, 3, 1).reshape(t.shape[0], th, tw, n, n, -1)
+    def tiled(v):  # the inverse of image
+        return v.permute(0, 2, 3, 1).reshape(v.shape[0], th, tw, n, n, -1)
 
-    def rows_of(t):  # (b, th, tw, nn, c) as the GEMMs' (nn, b*th*tw, c), a strided view
-        return t.reshape(-1, nn, t.shape[-1]).transpose(0, 1)
+    def rows_of(v):  # (b, th, tw, nn, c) as the GEMMs' (nn, b*th*tw, c), a strided view
+        return v.reshape(-1, nn, v.shape[-1]).transpose(0, 1)
 
     def input_transform(xg):  # -> (b, th, tw, n_h, n_w, c)
-        xp = ops.pad(xg, pads)
+        xp = ops.pad(xg, t.pads)
         b, c = xp.shape[0], xp.shape[-1]
         rows = xp.new_empty((n, b, th, wp, c))
         _apply(tiles(xp, 1, th), bt, list(rows))
@@ -268,8 +278,129 @@ def _torch_transforms(geo: ConvGeometry, tile: int, th: int, tw: int, pads):
     def gemm_du(v, dm):  # V^T dM: (nn, c, o)
         return torch.bmm(rows_of(v).transpose(1, 2), rows_of(dm))
 
-    return (input_transform, input_adjoint, output_transform, output_adjoint,
-            gemm, gemm_dv, gemm_du)
+    def per_group(fn, width):  # a whole tensor's groups, one at a time
+        return lambda a: [fn(p) for p in _groups(a, geo.groups, width)]
+
+    def joined(fn):  # every group's result, concatenated along the channels
+        return lambda parts: _concat([fn(p) for p in parts])
+
+    return (per_group(input_transform, geo.cg), joined(input_adjoint), joined(output_transform),
+            per_group(output_adjoint, geo.og), gemm, gemm_dv, gemm_du)
+
+
+# ------------------------------------------------------------------ keras.ops: fused per backend
+
+@dataclass(frozen=True)
+class _Tiling:
+    """The tiling of one convolution by F(tile x tile, 3 x 3): everything the transforms depend
+    on (hashable, so that their compiled forms are cached by it)."""
+
+    geo: ConvGeometry
+    tile: int
+
+    @property
+    def m(self) -> int:
+        return self.tile
+
+    @property
+    def n(self) -> int:
+        return self.tile + 2
+
+    @property
+    def nn(self) -> int:
+        return self.n * self.n
+
+    @property
+    def th(self) -> int:
+        return -(-self.geo.out_h // self.m)
+
+    @property
+    def tw(self) -> int:
+        return -(-self.geo.out_w // self.m)
+
+    @property
+    def pads(self) -> List[List[int]]:
+        """The input's padding: Caffe's, then enough for every tile (and one spare) to fit."""
+        (pt, _), (pl, _) = self.geo.pad
+        hp, wp = self.m * (self.th + 1), self.m * (self.tw + 1)
+        return [[0, 0], [pt, hp - self.geo.in_h - pt], [pl, wp - self.geo.in_w - pl], [0, 0]]
+
+
+def _groups(t, groups: int, width: int) -> List:
+    """``t``'s channel groups (the last axis cut into ``groups`` slices of ``width``)."""
+    return [t[..., g * width:(g + 1) * width] for g in range(groups)] if groups > 1 else [t]
+
+
+def _concat(ts: Sequence):
+    return ops.concatenate(list(ts), axis=-1) if len(ts) > 1 else ts[0]
+
+
+def _input_transform(t: _Tiling, x) -> List:
+    """Lowering: ``(b, h, w, c)`` -> one ``(nn, b*th*tw, cg)`` per group (``B^T d B``)."""
+    bt = _matrices(t.tile)[0]
+    out = []
+    for xp in _groups(ops.pad(x, t.pads), t.geo.groups, t.geo.cg):
+        rows = ops.stack(_combine(_tile_slices(xp, 1, t.th, t.m, t.n), bt), axis=0)
+        v = ops.stack(_combine(_tile_slices(rows, 3, t.tw, t.m, t.n), bt), axis=1)
+        out.append(ops.reshape(v, (t.nn, -1, t.geo.cg)))  # from (n, n, b, th, tw, c)
+    return out
+
+
+def _input_adjoint(t: _Tiling, dvs: Sequence):
+    """Adjoint of :func:`_input_transform`: one ``(nn, b*th*tw, cg)`` per group ->
+    ``(b, h, w, c)``."""
+    bt, geo, m = _matrices(t.tile)[0], t.geo, t.m
+    (pt, _), (pl, _) = geo.pad
+    out = []
+    for dv in dvs:
+        dv = ops.reshape(dv, (t.n, t.n, -1, t.th, t.tw, geo.cg))
+        cols = _combine([dv[:, j] for j in range(t.n)], bt.T)  # n x (n, b, th, tw, c)
+        rows = _overlap_add(cols, 3, t.tw, m)  # (n, b, th, wp, c)
+        dxp = _overlap_add(_combine([rows[i] for i in range(t.n)], bt.T), 1, t.th, m)
+        out.append(dxp[:, pt:pt + geo.in_h, pl:pl + geo.in_w, :])
+    return _concat(out)
+
+
+def _output_transform(t: _Tiling, mms: Sequence):
+    """Lifting (``A^T M A``): one ``(nn, b*th*tw, og)`` per group -> ``(b, out_h, out_w, o)``."""
+    at, geo = _matrices(t.tile)[2], t.geo
+    out = []
+    for mm in mms:
+        mm = ops.reshape(mm, (t.n, t.n, -1, t.th, t.tw, geo.og))
+        rows = _combine([mm[i] for i in range(t.n)], at)  # m x (n, b, th, tw, o)
+        y = _interleave([_interleave(_combine([r[j] for j in range(t.n)], at), 2)
+                         for r in rows], 1)
+        out.append(y[:, :geo.out_h, :geo.out_w, :])
+    return _concat(out)
+
+
+def _output_adjoint(t: _Tiling, dy) -> List:
+    """Adjoint of :func:`_output_transform`: ``(b, out_h, out_w, o)`` -> one
+    ``(nn, b*th*tw, og)`` per group."""
+    at, geo, m = _matrices(t.tile)[2], t.geo, t.m
+    dy = ops.pad(dy, [[0, 0], [0, m * t.th - geo.out_h], [0, m * t.tw - geo.out_w], [0, 0]])
+    out = []
+    for dg in _groups(dy, geo.groups, geo.og):
+        dg = ops.reshape(dg, (-1, t.th, m, t.tw, m, geo.og))
+        cols = ops.stack(_combine([dg[:, :, :, :, j] for j in range(m)], at.T), axis=0)
+        rows = ops.stack(_combine([cols[:, :, :, i] for i in range(m)], at.T), axis=0)
+        out.append(ops.reshape(rows, (t.nn, -1, geo.og)))  # (n_h, n_w, b, th, tw, o) flat
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _transforms(t: _Tiling) -> Tuple:
+    """``(input_transform, input_adjoint, output_transform, output_adjoint, gemm, gemm_dv,
+    gemm_du)`` for ``t``: the ``keras.ops`` transforms, each passed through the backend's
+    ``fused`` (on TensorFlow one XLA cluster each, made once per tiling), and batched GEMMs;
+    on PyTorch the in-place forms of :func:`_torch_transforms`."""
+    if B.NAME == "torch":
+        return _torch_transforms(t)
+    fused = tuple(B.fused(functools.partial(f, t)) for f in
+                  (_input_transform, _input_adjoint, _output_transform, _output_adjoint))
+    return fused + (B.bmm,
+                    lambda dm, u: B.bmm(dm, u, tb=True),
+                    lambda v, dm: B.bmm(v, dm, ta=True))
 
 
 # ------------------------------------------------------------------ the convolution
@@ -280,86 +411,30 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2):
     with a hand-written gradient. Requires :func:`winograd_applies`."""
     if not winograd_applies(geo):
         raise ValueError("winograd_conv2d needs a 3x3 kernel at stride 1 and dilation 1")
-    bt, gm, at = _matrices(tile)
-    m, n = tile, tile + 2
-    nn = n * n
-    groups, cg, og = geo.groups, geo.cg, geo.og
-    th, tw = -(-geo.out_h // m), -(-geo.out_w // m)
-    (pt, pb), (pl, pr) = geo.pad
-    hp, wp = m * (th + 1), m * (tw + 1)  # padded so that every tile (and one spare) fits
-    pads = [[0, 0], [pt, hp - geo.in_h - pt], [pl, wp - geo.in_w - pl], [0, 0]]
-
-    def group(t, g, width):
-        return t[..., g * width:(g + 1) * width] if groups > 1 else t
-
-    def concat(ts):
-        return ops.concatenate(ts, axis=-1) if len(ts) > 1 else ts[0]
-
+    gm = _matrices(tile)[1]
+    t = _Tiling(geo, tile)
+    (input_transform, input_adjoint, output_transform, output_adjoint,
+     gemm, gemm_dv, gemm_du) = _transforms(t)
+    cg, og, o = geo.cg, geo.og, geo.filters
     gg = np.kron(gm, gm)  # (nn, 9): G g G^T for every (c, o) pair at once
 
     def kernel_transform(k):  # (3, 3, cg, o) -> (nn, cg, o): one small GEMM
-        u = B.matmul(B.constant(gg, k), ops.reshape(k, (9, cg * geo.filters)))
-        return ops.reshape(u, (nn, cg, geo.filters))
+        u = B.matmul(B.constant(gg, k), ops.reshape(k, (9, cg * o)))
+        return ops.reshape(u, (t.nn, cg, o))
 
     def kernel_adjoint(du):  # (nn, cg, o) -> (3, 3, cg, o)
-        dk = B.matmul_tn(B.constant(gg, du), ops.reshape(du, (nn, cg * geo.filters)))
-        return ops.reshape(dk, (3, 3, cg, geo.filters))
-
-    def input_transform(xg):  # (b, h, w, cg) -> (nn, b*th*tw, cg)
-        xp = ops.pad(xg, pads)
-        rows = ops.stack(_combine(_tile_slices(xp, 1, th, m, n), bt), axis=0)  # (n, b, th, wp, c)
-        v = ops.stack(_combine(_tile_slices(rows, 3, tw, m, n), bt), axis=1)  # (n, n, b, th, tw, c)
-        return ops.reshape(v, (nn, -1, cg))
-
-    def input_adjoint(dv):  # (nn, b*th*tw, cg) -> (b, h, w, cg)
-        dv = ops.reshape(dv, (n, n, -1, th, tw, cg))
-        cols = _combine([dv[:, j] for j in range(n)], bt.T)  # n x (n, b, th, tw, c)
-        rows = _overlap_add(cols, 3, tw, m)  # (n, b, th, wp, c)
-        dxp = _overlap_add(_combine([rows[i] for i in range(n)], bt.T), 1, th, m)
-        return dxp[:, pt:pt + geo.in_h, pl:pl + geo.in_w, :]
-
-    def output_transform(mm):  # (nn, b*th*tw, o) -> (b, out_h, out_w, o)
-        mm = ops.reshape(mm, (n, n, -1, th, tw, og))
-        rows = _combine([mm[i] for i in range(n)], at)  # m x (n, b, th, tw, o)
-        y = _interleave([_interleave(_combine([r[j] for j in range(n)], at), 2) for r in rows], 1)
-        return y[:, :geo.out_h, :geo.out_w, :]
-
-    def output_adjoint(dy):  # (b, out_h, out_w, o) -> (nn, b*th*tw, o)
-        dy = ops.pad(dy, [[0, 0], [0, m * th - geo.out_h], [0, m * tw - geo.out_w], [0, 0]])
-        dy = ops.reshape(dy, (-1, th, m, tw, m, og))
-        cols = ops.stack(_combine([dy[:, :, :, :, j] for j in range(m)], at.T), axis=0)
-        rows = ops.stack(_combine([cols[:, :, :, i] for i in range(m)], at.T), axis=0)
-        return ops.reshape(rows, (nn, -1, og))  # (n_h, n_w, b, th, tw, o) flattened
-
-    def gemm(v, u):  # (nn, tiles, c) x (nn, c, o)
-        return B.bmm(v, u)
-
-    def gemm_dv(dm, u):
-        return B.bmm(dm, u, tb=True)
-
-    def gemm_du(v, dm):
-        return B.bmm(v, dm, ta=True)
-
-    if B.NAME == "torch":
-        (input_transform, input_adjoint, output_transform, output_adjoint,
-         gemm, gemm_dv, gemm_du) = _torch_transforms(geo, tile, th, tw, pads)
+        dk = B.matmul_tn(B.constant(gg, du), ops.reshape(du, (t.nn, cg * o)))
+        return ops.reshape(dk, (3, 3, cg, o))
 
     def forward(x, kernel):
-        u = kernel_transform(kernel)
-        outs, saved = [], []
-        for g in range(groups):
-            v = input_transform(group(x, g, cg))
-            ug = group(u, g, og)
-            outs.append(output_transform(gemm(v, ug)))
-            saved.append((v, ug))
-        return concat(outs), saved
+        us = _groups(kernel_transform(kernel), geo.groups, og)
+        vs = input_transform(x)
+        return output_transform([gemm(v, u) for v, u in zip(vs, us)]), (vs, us)
 
     def backward(dy, saved):
-        dxs, dus = [], []
-        for g, (v, ug) in enumerate(saved):
-            dm = output_adjoint(group(dy, g, og))
-            dus.append(gemm_du(v, dm))
-            dxs.append(input_adjoint(gemm_dv(dm, ug)))
-        return concat(dxs), kernel_adjoint(concat(dus))
+        vs, us = saved
+        dms = output_adjoint(dy)
+        dx = input_adjoint([gemm_dv(dm, u) for dm, u in zip(dms, us)])
+        return dx, kernel_adjoint(_concat([gemm_du(v, dm) for v, dm in zip(vs, dms)]))
 
     return B.custom_conv(forward, backward, x, kernel)

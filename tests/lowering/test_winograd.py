@@ -173,3 +173,25 @@ def test_applies_only_to_3x3_stride1_dilation1():
     with pytest.raises(ValueError):
         winograd_conv2d(np.zeros((1, 9, 9, 4), np.float32), np.zeros((5, 5, 4, 4), np.float32),
                         conv_geometry((1, 9, 9, 4), (5, 5, 4, 4)))
+
+
+def test_tensorflow_transforms_compiled_once_per_shape():
+    """On TensorFlow the transforms are XLA clusters made once per tiling: eager calls of the
+    same shape neither retrace nor recompile them (a new cluster per call would cost a
+    compilation, tenths of a second, every step)."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the transforms are compiled clusters on TensorFlow only")
+    from keras_cct.lowering.winograd import _Tiling, _transforms
+    rng = np.random.default_rng(7)  # a shape no other test uses: its clusters are new here
+    x = rng.standard_normal((2, 10, 12, 6)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 3, 4)).astype(np.float32)
+    padding, groups = 1, 2
+    geo = conv_geometry(x.shape, k.shape, padding=padding, groups=groups)
+    dy = rng.standard_normal((2, geo.out_h, geo.out_w, 4)).astype(np.float32)
+    ys = [to_numpy(winograd_conv2d(x, k, geo, tile=2)) for _ in range(3)]
+    for _ in range(2):  # forward and backward, in a tape
+        _run(lambda a, b: winograd_conv2d(a, b, geo, tile=2), x, k, dy)
+    fns = _transforms(_Tiling(geo, 2))[:4]
+    assert [f.experimental_get_tracing_count() for f in fns] == [1, 1, 1, 1]
+    y_ref = ref.conv2d(x.astype(np.float64), k.astype(np.float64), padding=padding, groups=groups)
+    assert all(ref.rel_err(y, y_ref) < F32_TOL[2] for y in ys)

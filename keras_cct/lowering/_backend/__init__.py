@@ -11,6 +11,9 @@ Every module offers the same names:
   ``tf.linalg.matmul(transpose_a=True)`` reads it in place): ``matmul``, ``matmul_tn``,
   ``matmul_nt``, ``bmm``;
 * ``add_n``, ``take_rows``, ``split_batch``, ``segment_sum``;
+* ``fused``: a function of tensors in the form the backend runs as one piece (TensorFlow: one
+  XLA cluster; 16-bit floats computed in float32 on TensorFlow and JAX), for Winograd's
+  transforms;
 * ``native_conv``: the backend's own convolution in its fastest form
   (:mod:`keras_cct.lowering.native`);
 * ``conv_step``: one compiled forward(+backward) step, for the planner's timing

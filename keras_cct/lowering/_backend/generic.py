@@ -20,7 +20,7 @@ DEPTHWISE = "native"
 #: (one GEMM), untimed, where the backend's convolution is known to lose to its own GEMM.
 LOWER_1X1 = False
 __all__ = ["DEPTHWISE", "LOWER_1X1", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
-           "depthwise_conv", "device_name", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
+           "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "split_batch", "take_rows"]
 
 
@@ -37,6 +37,14 @@ def custom_conv(forward, backward, x, kernel):
 def constant(a: np.ndarray, like):
     """``a`` as a tensor of ``like``'s dtype (and device)."""
     return ops.convert_to_tensor(a, dtype=like.dtype)
+
+
+def fused(fn: Callable) -> Callable:
+    """``fn`` (tensors, or lists of tensors, in and out; no variables) in the form this backend
+    runs fastest as one piece: here, ``fn`` itself. TensorFlow compiles it with XLA into one
+    cluster, so that a chain of slices and additions (Winograd's transforms) makes one pass
+    over memory instead of one per op."""
+    return fn
 
 
 def index_tensor(indices, like):

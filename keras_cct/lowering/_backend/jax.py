@@ -50,6 +50,21 @@ def _host_callback_threads() -> None:
 _host_callback_threads()
 
 
+def fused(fn: Callable) -> Callable:
+    """``fn`` with 16-bit float inputs computed in float32 and the results cast back (XLA
+    already fuses the step it is part of; its CPU loops would otherwise convert every element
+    for every operation)."""
+    def run(*args):
+        leaves = jax.tree_util.tree_leaves(args)
+        dtype = leaves[0].dtype
+        if dtype not in (jnp.bfloat16, jnp.float16):
+            return fn(*args)
+        out = fn(*jax.tree_util.tree_map(lambda t: t.astype(jnp.float32), args))
+        return jax.tree_util.tree_map(lambda t: t.astype(dtype), out)
+
+    return run
+
+
 def native_conv(x, kernel, geo: ConvGeometry):
     """``lax.conv_general_dilated`` with NHWC/HWIO dimension numbers and explicit padding;
     grouped convolutions in the split form (XLA's CPU grouped convolution measured 5x slower on

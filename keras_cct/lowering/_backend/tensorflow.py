@@ -26,6 +26,25 @@ def custom_conv(forward, backward, x, kernel):
     return common.custom_conv(forward, backward, x, kernel, as_tensor)
 
 
+def fused(fn: Callable) -> Callable:
+    """``fn`` as one XLA cluster (``tf.function(jit_compile=True)``), in graphs and eagerly,
+    compiled once per input shape. TensorFlow would run each of its slices and additions as a
+    separate op writing a full tensor (Winograd's transforms, CaffeNet conv3 forward+backward at
+    batch 32 in float32: 52 ms as ops, 36-40 as clusters). 16-bit float inputs are computed in
+    float32 inside and the results cast back: XLA's CPU loops convert every element for every
+    operation otherwise (that layer in bfloat16: 43-51 ms computed in bfloat16, 22-27 in
+    float32)."""
+    def run(*args):
+        dtypes = {t.dtype for t in tf.nest.flatten(args)}
+        if dtypes & {tf.bfloat16, tf.float16}:
+            (dtype,) = dtypes
+            out = fn(*tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), args))
+            return tf.nest.map_structure(lambda t: tf.cast(t, dtype), out)
+        return fn(*args)
+
+    return tf.function(run, jit_compile=True, autograph=False)
+
+
 def index_tensor(indices, like):
     return tf.constant(indices)
 
