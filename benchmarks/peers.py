@@ -221,7 +221,8 @@ def inputs(shp: dict, batch: int) -> Tuple[np.ndarray, np.ndarray]:
 def build(name: str, shp: dict, batch: int, x: np.ndarray, r: np.ndarray,
           bfloat16: bool) -> Tuple[Callable[[], float], Dict[str, object]]:
     """(step, info) for candidate ``name``; raises :class:`Skip` where it does not apply.
-    ``info["pick"]`` is the default HybridConv2D's chosen lowering."""
+    ``info["pick"]`` is the default HybridConv2D's chosen lowering, ``info["lowering"]`` an
+    explicit one's."""
     why = applies(name, shp, batch)
     if why:
         raise Skip(why)
@@ -231,4 +232,6 @@ def build(name: str, shp: dict, batch: int, x: np.ndarray, r: np.ndarray,
     info = {}
     if name == "hybrid":
         info["pick"] = layer.chosen_lowering
+    elif name.startswith("hybrid_"):  # judged by the work it does (Winograd: fewer products)
+        info["lowering"] = name[len("hybrid_"):]
     return keras_step(model, x, r), info

@@ -243,6 +243,11 @@ def _check_convs_run(run, backend, dtype):
     assert "skipped" in a["candidates"]["keras_depthwise"]
     assert "ms" in a["candidates"]["keras_split"] and "ms" in b["candidates"]["keras_depthwise"]
     assert "skipped" in b["candidates"]["hybrid_winograd"]  # stride 2
+    for name, tile in (("hybrid_winograd", 2), ("hybrid_winograd4", 4)):
+        e = a["candidates"][name]  # 6x6 output: (tile + 2)^2 products per tile of tile^2
+        if "ms" in e:  # judged by the products its GEMMs do, not the direct convolution's
+            share = (tile + 2) ** 2 * (-(-6 // tile)) ** 2 / (9 * 36)
+            assert math.isclose(e["work_gflops"], e["gflops"] * share)
     rt = convs.ratios(a)
     assert rt["best_peer"] in convs.PEER_SET
 
