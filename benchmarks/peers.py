@@ -141,14 +141,14 @@ def keras_step(model, x: np.ndarray, r: np.ndarray) -> Callable[[], float]:
         tv = [v.value for v in model.trainable_variables]
         ntv = [v.value for v in model.non_trainable_variables]
 
-        def loss_fn(tv_, xx):
+        def loss_fn(tv_, xx, rr):  # rr an argument: a constant would be folded into the backward
             y, _ = model.stateless_call(tv_, ntv, xx, training=True)
-            return jnp.sum(y.astype(jnp.float32) * jr)
+            return jnp.sum(y.astype(jnp.float32) * rr)
 
         fn = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1)))
 
         def run():
-            loss, grads = jax.block_until_ready(fn(tv, jx))
+            loss, grads = jax.block_until_ready(fn(tv, jx, jr))
             return float(loss)
 
         return run

@@ -84,14 +84,20 @@ def native_conv(x, kernel, geo: ConvGeometry):
 
 def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, *,
               training: bool, jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
-    """One ``jax.jit`` of ``value_and_grad`` (or of the forward), waited for."""
+    """One ``jax.jit`` of ``value_and_grad`` (or of the forward), waited for. ``r`` is an
+    argument, not a constant of the step: XLA would constant-fold the backward's first steps
+    (a Winograd lowering's output adjoint: over a second of compiling, and timings that are
+    not a real backward's)."""
     jx, jk, jr = (jnp.asarray(a, dtype=dtype or a.dtype) for a in (x, kernel, r))
 
-    def loss(xx, kk):
-        return jnp.sum(conv(xx, kk) * jr)
+    def loss(xx, kk, rr):
+        return jnp.sum(conv(xx, kk) * rr)
 
-    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)) if training else conv)
-    return lambda: jax.block_until_ready(fn(jx, jk))
+    if not training:
+        fn = jax.jit(conv)
+        return lambda: jax.block_until_ready(fn(jx, jk))
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    return lambda: jax.block_until_ready(fn(jx, jk, jr))
 
 
 def device_name() -> Optional[str]:
@@ -110,12 +116,14 @@ def layer_steps(layer, args: list, dys: list):
         y, _ = layer.stateless_call(tv_, ntv, a[0] if single else list(a))
         return y
 
-    def forward_backward(*a):
+    def forward_backward(ct, *a):  # the cotangents are arguments: no constant folding
         y, vjp = jax.vjp(apply, tv, *a)
-        ct = [jnp.asarray(d) for d in dys]
+        ct = [c.astype(o.dtype) for c, o in zip(ct, y if isinstance(y, (list, tuple)) else [y])]
         return y, vjp(type(y)(ct) if isinstance(y, (list, tuple)) else ct[0])
 
-    return jax.jit(lambda *a: apply(tv, *a)), jax.jit(forward_backward)
+    cts = [jnp.asarray(d) for d in dys]
+    fb = jax.jit(forward_backward)
+    return jax.jit(lambda *a: apply(tv, *a)), lambda *a: fb(cts, *a)
 
 
 #: :func:`depthwise_conv` works through the batch this many bytes of input at a time (whole
