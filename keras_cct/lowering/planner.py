@@ -119,9 +119,10 @@ def _device_name() -> str:
     return B.device_name() or f"cpu:{_cpu_name()}:{os.cpu_count()}"
 
 
-#: Lowerings the planner does not pick for a dtype, for their error: F(4x4, 3x3)'s transforms
-#: lose about 0.1 of the result's relative precision in bfloat16 (F(2x2, 3x3): 1e-2, the
-#: backend's own convolution: 4e-3). A user may still ask for them by name.
+#: Lowerings the planner does not pick for a dtype, for their error: F(4x4, 3x3) loses about
+#: 0.1 of the result's relative precision in bfloat16 (its GEMM's bfloat16 result amplified by
+#: the lifting; F(2x2, 3x3): 5e-3, the backend's own convolution: 3e-3). A user may still ask
+#: for them by name.
 IMPRECISE = {"bfloat16": ("winograd4",), "float16": ("winograd4",)}
 
 
