@@ -450,3 +450,18 @@ def test_nets_tiny_run(tmp_path):
     md = (tmp_path / "out" / "nets.md").read_text()
     assert "| tiny_train_val | 4 | float32 |" in md and "Per layer type" in md
     assert (tmp_path / "out" / "nets.png").stat().st_size > 0
+
+
+def test_convs_headline_says_what_keeping_struck_rates_gives():
+    """The summary's per-layer headline counts layers against the strict ratios (rates above
+    the GEMM ceiling struck) and, where keeping them up to the peak changes the count, says so."""
+    from benchmarks.__main__ import HEADLINES
+
+    def summ(under_peer):
+        return {"tensorflow caffenet float32": {"layers": 5, "under_097_conv2d": 0,
+                                                "under_1_best_peer": under_peer,
+                                                "min_vs_conv2d": 1.1}}
+    line = HEADLINES["convs"]({"summary": summ(0), "summary_above_gemm_kept": summ(1)})
+    assert "best peer's on 0/5 (1/5 with every rate up to the CPU's peak kept)" in line
+    line = HEADLINES["convs"]({"summary": summ(2), "summary_above_gemm_kept": summ(2)})
+    assert "best peer's on 2/5" in line and "peak kept" not in line
