@@ -21,7 +21,7 @@ Three modes:
   several). A depthwise convolution (one input channel per group) is not timed either: it runs
   what the backend module names (``DEPTHWISE``: the backend's own depthwise op on TensorFlow
   and PyTorch, ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped convolution is
-  6-24x slower; :mod:`keras_cct.lowering.depthwise`). On a backend whose module sets
+  6.6-27x slower; :mod:`keras_cct.lowering.depthwise`). On a backend whose module sets
   ``LOWER_1X1`` (JAX), an ungrouped 1x1 convolution runs the cost model's lowered type (one
   GEMM) untimed.
 * ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Callable, List
 
+import keras
 from keras import ops
 
 from keras_cct.lowering.geometry import ConvGeometry
@@ -35,6 +36,21 @@ def custom_conv(forward, backward, x, kernel, as_tensor=ops.convert_to_tensor):
         return y, grad
 
     return conv(as_tensor(x), as_tensor(kernel))
+
+
+def in_float32(fn: Callable) -> Callable:
+    """``fn`` with 16-bit float inputs (tensors or lists of them, all one dtype) computed in
+    float32 and the results cast back; other dtypes pass through. XLA's CPU loops convert a
+    16-bit float element by element for every operation, so one conversion each way is
+    cheaper (the backends' ``fused``)."""
+    def run(*args):
+        dtype = keras.backend.standardize_dtype(keras.tree.flatten(args)[0].dtype)
+        if dtype not in ("bfloat16", "float16"):
+            return fn(*args)
+        out = fn(*keras.tree.map_structure(lambda t: ops.cast(t, "float32"), args))
+        return keras.tree.map_structure(lambda t: ops.cast(t, dtype), out)
+
+    return run
 
 
 def batch_bounds(x, parts: int, unit: int = 1) -> List:

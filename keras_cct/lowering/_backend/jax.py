@@ -16,9 +16,9 @@ from keras_cct.lowering.geometry import ConvGeometry
 
 NAME = "jax"
 #: XLA's CPU convolution with ``feature_group_count = channels`` (keras Conv2D on JAX) is
-#: 6-24x slower than the shifted multiply-adds of :func:`depthwise_conv` on MobileNet v1's
-#: depthwise layers (forward+backward at batch 16, float32: conv2_1/dw 302 against 50 ms,
-#: conv5_6/dw 84 against 4.7; docs/benchmarks/convs.md).
+#: 6.6-27x slower than the shifted multiply-adds of :func:`depthwise_conv` on MobileNet v1's
+#: depthwise layers (forward+backward at batch 16, float32: conv2_1/dw 326 against 49 ms,
+#: conv5_6/dw 89 against 4.5; docs/benchmarks/convs.md).
 DEPTHWISE = "depthwise"
 #: XLA's CPU convolution runs 1x1 layers 1.2-3x slower than the same product as one GEMM (all
 #: 15 of ResNet-50's and 9 of MobileNet v1's 1x1 shapes, float32 and bfloat16, where the
@@ -51,18 +51,10 @@ _host_callback_threads()
 
 
 def fused(fn: Callable) -> Callable:
-    """``fn`` with 16-bit float inputs computed in float32 and the results cast back (XLA
-    already fuses the step it is part of; its CPU loops would otherwise convert every element
-    for every operation)."""
-    def run(*args):
-        leaves = jax.tree_util.tree_leaves(args)
-        dtype = leaves[0].dtype
-        if dtype not in (jnp.bfloat16, jnp.float16):
-            return fn(*args)
-        out = fn(*jax.tree_util.tree_map(lambda t: t.astype(jnp.float32), args))
-        return jax.tree_util.tree_map(lambda t: t.astype(dtype), out)
-
-    return run
+    """``fn`` with 16-bit float inputs computed in float32 and the results cast back
+    (:func:`~keras_cct.lowering._backend.common.in_float32`; XLA already fuses the step it is
+    part of)."""
+    return common.in_float32(fn)
 
 
 def native_conv(x, kernel, geo: ConvGeometry):
