@@ -55,10 +55,10 @@ from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import make_step
 
-CACHE_VERSION = 7  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 8  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
-#                   over Winograd are stale
+#                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the

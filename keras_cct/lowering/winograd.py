@@ -12,7 +12,9 @@ one GEMM: a batched GEMM ``(n*n, tiles, c) x (n*n, c, o)``. Here, in Caffe con T
 * **lowering** (input transform ``B^T d B``): the padded input, viewed as ``(b, th+1, m, W, c)``,
   gives the n rows of every tile as n slices (no gather); ``B^T``'s few additions along the
   height turn them into n tensors, stacked on a leading axis, and the same again along the
-  width, so the result is already ``(n*n, b*th*tw, c)``, the GEMM's batched data matrix;
+  width, so the result is already ``(n*n, b*th*tw, c)``, the GEMM's batched data matrix (for
+  F(2x2) each of the n*n results is written directly as one sum of its tile's slices, with no
+  stacked intermediate: :attr:`_Tiling.one_pass`);
 * **kernel transform** ``G g G^T`` (tiny): ``(3, 3, c, o) -> (n*n, c, o)``, one small GEMM by
   ``G (x) G``;
 * one batched GEMM per channel group;
@@ -29,11 +31,18 @@ written with ``keras.ops``, so it runs on TensorFlow (also under XLA), JAX and P
 
 The four data transforms go through the backend's ``fused`` (:mod:`keras_cct.lowering._backend`):
 on TensorFlow each is one XLA cluster, compiled once per shape, so that its slices and additions
-make one pass over memory instead of one per op (CaffeNet conv3, forward+backward at batch 32 in
-float32, F(2x2) / F(4x4): 52 / 52 ms as separate ops, 40 / 36 as clusters, against 52-56 for
+make few passes over memory instead of one per op (CaffeNet conv3, forward+backward at batch 32
+in float32, F(2x2) / F(4x4): 52 / 52 ms as separate ops, 40 / 36 as clusters, against 52-56 for
 oneDNN's direct convolution);
 in 16-bit floats (TensorFlow and JAX) the transforms compute in float32 and only the GEMMs' operands
-are rounded back.
+are rounded back. How many passes XLA's CPU compiler makes follows its fusion rules: it stores a
+value read along more than 15 index paths, a stack of more than 8 tensors and a concatenation
+along the last axis. So F(2x2)'s transforms read their leaves straight from one (padded) input,
+stack at most n tensors at a time, put channel groups side by side as a stack and a reshape,
+and the lifting takes its GEMM results one tensor per tile position (otherwise the conversion of
+the whole 16-bit result to float32 was a pass of its own): at batch 32 the four transforms of
+CaffeNet conv4 took 16.2 -> 10.0 ms in bfloat16 and 13.6 -> 11.2 in float32, the layer's
+forward+backward 27.4 -> 23.2 and 46.4 -> 44.0 ms (oneDNN's direct convolution 29.0 / 54.1).
 
 ``tile=2`` is F(2x2, 3x3): 16 products per 4 outputs (2.25x fewer multiplications than the
 direct convolution), transforms of additions only; relative error about 8e-7 in float32 (the
@@ -169,6 +178,34 @@ def _interleave(pieces: Sequence, axis: int):
     t = ops.stack(list(pieces), axis=axis + 1)
     shape = _shape(t)
     return ops.reshape(t, shape[:axis] + [shape[axis] * len(pieces)] + shape[axis + 2:])
+
+
+def _sums(leaf, rows: np.ndarray, cols: np.ndarray) -> List[List]:
+    """``out[q][p] = sum_i sum_j rows[p, i] * cols[q, j] * leaf(i, j)``, the 2-D transform of
+    every tile, as one expression per output (summed along ``j``, then ``i``) with no stacked
+    intermediate: XLA computes it inside the pass that writes the result."""
+    part = [_combine([leaf(i, j) for j in range(cols.shape[1])], cols)
+            for i in range(rows.shape[1])]
+    return [_combine([part[i][q] for i in range(rows.shape[1])], rows)
+            for q in range(cols.shape[0])]
+
+
+def _grid(out: Sequence[Sequence], axis_p: int, axis_q: int):
+    """``out[q][p]`` stacked: ``q`` on ``axis_q`` inside, then ``p`` on ``axis_p`` (stacks of
+    at most 8 tensors, the most XLA's CPU compiler fuses into a consumer)."""
+    return ops.stack([ops.stack([row[p] for row in out], axis=axis_q)
+                      for p in range(len(out[0]))], axis=axis_p)
+
+
+def _join(parts: Sequence):
+    """Channel groups side by side along the last axis, as a stack on the axis before it and a
+    reshape: XLA fuses that into the pass computing them, where it runs a concatenation along
+    the last axis as a separate pass."""
+    if len(parts) == 1:
+        return parts[0]
+    y = ops.stack(list(parts), axis=-2)
+    shape = _shape(y)
+    return ops.reshape(y, shape[:-2] + [shape[-2] * shape[-1]])
 
 
 # ------------------------------------------------------------------ PyTorch: in place
@@ -319,6 +356,14 @@ class _Tiling:
         return -(-self.geo.out_w // self.m)
 
     @property
+    def one_pass(self) -> bool:
+        """Whether the transforms compute each output from its tile's slices in one expression
+        (F(2x2): at most 4 terms after the input, 9 before the output transform) rather than in
+        two stages with a stored intermediate (F(4x4): up to 16 and 25 terms, which XLA's
+        loops then recompute per element: measured 1.3-5x slower in one pass)."""
+        return self.tile == 2
+
+    @property
     def pads(self) -> List[List[int]]:
         """The input's padding: Caffe's, then enough for every tile (and one spare) to fit."""
         (pt, _), (pl, _) = self.geo.pad
@@ -337,12 +382,23 @@ def _concat(ts: Sequence):
 
 def _input_transform(t: _Tiling, x) -> List:
     """Lowering: ``(b, h, w, c)`` -> one ``(nn, b*th*tw, cg)`` per group (``B^T d B``)."""
-    bt = _matrices(t.tile)[0]
+    bt, geo, m = _matrices(t.tile)[0], t.geo, t.m
+    xp = ops.pad(x, t.pads)
+    if t.one_pass:  # slices of one padded view, the group's channels included
+        shape = _shape(xp)
+        view = ops.reshape(xp, [shape[0], t.th + 1, m, t.tw + 1, m, shape[3]])
+        out = []
+        for g in range(geo.groups):
+            c = slice(g * geo.cg, (g + 1) * geo.cg)
+            v = _grid(_sums(lambda i, j: view[:, i // m:i // m + t.th, i % m,
+                                              j // m:j // m + t.tw, j % m, c], bt, bt), 0, 0)
+            out.append(ops.reshape(v, (t.nn, -1, geo.cg)))  # from (n, n, b, th, tw, cg)
+        return out
     out = []
-    for xp in _groups(ops.pad(x, t.pads), t.geo.groups, t.geo.cg):
-        rows = ops.stack(_combine(_tile_slices(xp, 1, t.th, t.m, t.n), bt), axis=0)
-        v = ops.stack(_combine(_tile_slices(rows, 3, t.tw, t.m, t.n), bt), axis=1)
-        out.append(ops.reshape(v, (t.nn, -1, t.geo.cg)))  # from (n, n, b, th, tw, c)
+    for xg in _groups(xp, geo.groups, geo.cg):
+        rows = ops.stack(_combine(_tile_slices(xg, 1, t.th, m, t.n), bt), axis=0)
+        v = ops.stack(_combine(_tile_slices(rows, 3, t.tw, m, t.n), bt), axis=1)
+        out.append(ops.reshape(v, (t.nn, -1, geo.cg)))  # from (n, n, b, th, tw, c)
     return out
 
 
@@ -358,34 +414,57 @@ def _input_adjoint(t: _Tiling, dvs: Sequence):
         rows = _overlap_add(cols, 3, t.tw, m)  # (n, b, th, wp, c)
         dxp = _overlap_add(_combine([rows[i] for i in range(t.n)], bt.T), 1, t.th, m)
         out.append(dxp[:, pt:pt + geo.in_h, pl:pl + geo.in_w, :])
-    return _concat(out)
+    return _join(out)
 
 
 def _output_transform(t: _Tiling, mms: Sequence):
-    """Lifting (``A^T M A``): one ``(nn, b*th*tw, og)`` per group -> ``(b, out_h, out_w, o)``."""
-    at, geo = _matrices(t.tile)[2], t.geo
+    """Lifting (``A^T M A``): one ``(nn, b*th*tw, og)`` per group -- for F(2x2), as the list of
+    its ``nn`` tile positions (see :func:`_transforms`) -- -> ``(b, out_h, out_w, o)``."""
+    at, geo, m, n = _matrices(t.tile)[2], t.geo, t.m, t.n
     out = []
     for mm in mms:
-        mm = ops.reshape(mm, (t.n, t.n, -1, t.th, t.tw, geo.og))
-        rows = _combine([mm[i] for i in range(t.n)], at)  # m x (n, b, th, tw, o)
-        y = _interleave([_interleave(_combine([r[j] for j in range(t.n)], at), 2)
-                         for r in rows], 1)
+        if t.one_pass:
+            mm = [ops.reshape(z, (-1, t.th, t.tw, geo.og)) for z in mm]
+            y = _grid(_sums(lambda i, j: mm[i * n + j], at, at), 2, 3)  # (b, th, m, tw, m, o)
+            shape = _shape(y)
+            y = ops.reshape(y, [shape[0], shape[1] * m, shape[3] * m, shape[5]])
+        else:
+            mm = ops.reshape(mm, (n, n, -1, t.th, t.tw, geo.og))
+            rows = _combine([mm[i] for i in range(n)], at)  # m x (n, b, th, tw, o)
+            y = _interleave([_interleave(_combine([r[j] for j in range(n)], at), 2)
+                             for r in rows], 1)
         out.append(y[:, :geo.out_h, :geo.out_w, :])
-    return _concat(out)
+    return _join(out)
 
 
 def _output_adjoint(t: _Tiling, dy) -> List:
     """Adjoint of :func:`_output_transform`: ``(b, out_h, out_w, o)`` -> one
     ``(nn, b*th*tw, og)`` per group."""
     at, geo, m = _matrices(t.tile)[2], t.geo, t.m
-    dy = ops.pad(dy, [[0, 0], [0, m * t.th - geo.out_h], [0, m * t.tw - geo.out_w], [0, 0]])
+    if (m * t.th, m * t.tw) != (geo.out_h, geo.out_w):
+        dy = ops.pad(dy, [[0, 0], [0, m * t.th - geo.out_h], [0, m * t.tw - geo.out_w], [0, 0]])
+    view = ops.reshape(dy, (-1, t.th, m, t.tw, m, geo.filters))
     out = []
-    for dg in _groups(dy, geo.groups, geo.og):
-        dg = ops.reshape(dg, (-1, t.th, m, t.tw, m, geo.og))
-        cols = ops.stack(_combine([dg[:, :, :, :, j] for j in range(m)], at.T), axis=0)
-        rows = ops.stack(_combine([cols[:, :, :, i] for i in range(m)], at.T), axis=0)
-        out.append(ops.reshape(rows, (t.nn, -1, geo.og)))  # (n_h, n_w, b, th, tw, o) flat
+    for g in range(geo.groups):
+        c = slice(g * geo.og, (g + 1) * geo.og)
+        if t.one_pass:
+            dm = _grid(_sums(lambda i, j: view[:, :, i, :, j, c], at.T, at.T), 0, 0)
+        else:
+            dg = view[..., c]
+            cols = ops.stack(_combine([dg[:, :, :, :, j] for j in range(m)], at.T), axis=0)
+            dm = ops.stack(_combine([cols[:, :, :, i] for i in range(m)], at.T), axis=0)
+        out.append(ops.reshape(dm, (t.nn, -1, geo.og)))  # (n_h, n_w, b, th, tw, o) flat
     return out
+
+
+def _unstacked(lift):
+    """``lift`` given each group's ``(nn, ...)`` GEMM result as a list of ``nn`` tensors (the
+    compiled function stays reachable as ``.fused``)."""
+    def run(mms):
+        return lift([ops.unstack(mm) for mm in mms])
+
+    run.fused = lift
+    return run
 
 
 @functools.lru_cache(maxsize=256)
@@ -393,11 +472,17 @@ def _transforms(t: _Tiling) -> Tuple:
     """``(input_transform, input_adjoint, output_transform, output_adjoint, gemm, gemm_dv,
     gemm_du)`` for ``t``: the ``keras.ops`` transforms, each passed through the backend's
     ``fused`` (on TensorFlow one XLA cluster each, made once per tiling), and batched GEMMs;
-    on PyTorch the in-place forms of :func:`_torch_transforms`."""
+    on PyTorch the in-place forms of :func:`_torch_transforms`. F(2x2)'s lifting gets its GEMM
+    results unstacked (one tensor per tile position; on TensorFlow views, no copy): from one
+    16-bit tensor, XLA converted the whole of it to float32 in a pass of its own before the
+    lifting (CaffeNet conv4 at batch 32 in bfloat16: 3.6-5.1 ms one tensor, 1.9-2.1 ms
+    unstacked)."""
     if B.NAME == "torch":
         return _torch_transforms(t)
     fused = tuple(B.fused(functools.partial(f, t)) for f in
                   (_input_transform, _input_adjoint, _output_transform, _output_adjoint))
+    if t.one_pass:  # the lifting takes each tile position's GEMM result as its own tensor
+        fused = fused[:2] + (_unstacked(fused[2]),) + fused[3:]
     return fused + (B.bmm,
                     lambda dm, u: B.bmm(dm, u, tb=True),
                     lambda v, dm: B.bmm(v, dm, ta=True))
