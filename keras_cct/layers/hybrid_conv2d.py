@@ -217,9 +217,8 @@ class HybridConv2D(keras.layers.Layer):
             y = self._strategy.split_conv(self, x, self.kernel, geo, lowering,
                                           bias=self.bias if self.use_bias else None)
         else:
-            y = conv2d_geo(x, self.kernel, geo, lowering)
-            if self.use_bias:
-                y = ops.add(y, self.bias)
+            y = conv2d_geo(x, self.kernel, geo, lowering,
+                           bias=self.bias if self.use_bias else None)
         if self.data_format == "channels_first":
             y = ops.transpose(y, (0, 3, 1, 2))
         if self.activation is not None:

@@ -3,7 +3,6 @@ them (the planner chooses)."""
 
 from __future__ import annotations
 
-from keras import ops
 
 from keras_cct.lowering.dispatch import check_lowering, conv2d_geo
 from keras_cct.lowering.geometry import PaddingArg, conv_geometry
@@ -37,7 +36,4 @@ def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", di
                         dilation_rate=dilation_rate, groups=groups)
     if lowering == "auto":
         lowering = choose_for(geo, mode=planner)
-    y = conv2d_geo(x, kernel, geo, lowering)
-    if bias is not None:
-        y = ops.add(y, bias)
-    return y
+    return conv2d_geo(x, kernel, geo, lowering, bias=bias)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Tuple
 
+from keras import ops
+
 from keras_cct.errors import LoweringError
 from keras_cct.lowering.depthwise import depthwise_applies, depthwise_conv2d
 from keras_cct.lowering.engine import lowered_conv2d
@@ -51,11 +53,17 @@ def check_available(geo: ConvGeometry, lowering: str) -> None:
             f"{geo.groups}. Use 'auto' or one of {available(geo)}")
 
 
-def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str):
-    """Convolution (no bias) of ``x`` by ``kernel`` for a validated geometry and a concrete
-    lowering name."""
+def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str, bias=None):
+    """Convolution of ``x`` by ``kernel`` (plus ``bias``, if given) for a validated geometry and
+    a concrete lowering name. ``"native"`` adds the bias inside the backend's op (TensorFlow:
+    after each group's convolution, where oneDNN fuses it)."""
     if lowering == "native":
-        return native_conv2d(x, kernel, geo)
+        return native_conv2d(x, kernel, geo, bias)
+    y = _lowered(x, kernel, geo, lowering)
+    return y if bias is None else ops.add(y, bias)
+
+
+def _lowered(x, kernel, geo: ConvGeometry, lowering: str):
     if lowering in LOWERED_TYPES:
         return lowered_conv2d(x, kernel, geo, lowering)
     if lowering in NEEDS:

@@ -28,6 +28,8 @@ from keras_cct.lowering import _backend as B
 from keras_cct.lowering.geometry import ConvGeometry
 
 
-def native_conv2d(x, kernel, geo: ConvGeometry):
-    """``x`` (b, h, w, c) convolved with ``kernel`` (kh, kw, c/groups, o) by the backend's op."""
-    return B.native_conv(B.as_tensor(x), B.as_tensor(kernel), geo)
+def native_conv2d(x, kernel, geo: ConvGeometry, bias=None):
+    """``x`` (b, h, w, c) convolved with ``kernel`` (kh, kw, c/groups, o) by the backend's op,
+    plus ``bias`` (o,) if given."""
+    return B.native_conv(B.as_tensor(x), B.as_tensor(kernel), geo,
+                         None if bias is None else B.as_tensor(bias))

@@ -104,15 +104,16 @@ def segment_sum(data, segment_ids, num_segments: int):
     return ops.segment_sum(data, segment_ids, num_segments=num_segments)
 
 
-def native_conv(x, kernel, geo: ConvGeometry):
-    """The convolution by ``keras.ops.conv`` (explicit padding as a pad)."""
+def native_conv(x, kernel, geo: ConvGeometry, bias=None):
+    """The convolution by ``keras.ops.conv`` (explicit padding as a pad), plus ``bias``."""
     padding = geo.keras_padding
     if padding is None:
         (pt, pb), (pl, pr) = geo.pad
         x = ops.pad(x, [[0, 0], [pt, pb], [pl, pr], [0, 0]])
         padding = "valid"
-    return ops.conv(x, kernel, strides=(geo.sh, geo.sw), padding=padding,
-                    dilation_rate=(geo.dh, geo.dw))
+    y = ops.conv(x, kernel, strides=(geo.sh, geo.sw), padding=padding,
+                 dilation_rate=(geo.dh, geo.dw))
+    return y if bias is None else ops.add(y, bias)
 
 
 def depthwise_taps(xp, geo: ConvGeometry):

@@ -57,10 +57,15 @@ def fused(fn: Callable) -> Callable:
     return common.in_float32(fn)
 
 
-def native_conv(x, kernel, geo: ConvGeometry):
+def native_conv(x, kernel, geo: ConvGeometry, bias=None):
     """``lax.conv_general_dilated`` with NHWC/HWIO dimension numbers and explicit padding;
     grouped convolutions in the split form (XLA's CPU grouped convolution measured 5x slower on
-    CaffeNet's grouped layers)."""
+    CaffeNet's grouped layers); ``bias`` added after (XLA fuses the addition)."""
+    y = _native_conv(x, kernel, geo)
+    return y if bias is None else y + bias
+
+
+def _native_conv(x, kernel, geo: ConvGeometry):
     def conv(inp, k, groups=1):
         return lax.conv_general_dilated(
             inp, k, (geo.sh, geo.sw), [tuple(geo.pad[0]), tuple(geo.pad[1])],

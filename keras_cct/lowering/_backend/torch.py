@@ -53,11 +53,11 @@ def segment_sum(data, segment_ids, num_segments: int):
     return out.index_add(0, ids, data)
 
 
-def native_conv(x, kernel, geo: ConvGeometry):
+def native_conv(x, kernel, geo: ConvGeometry, bias=None):
     """``F.conv2d(groups=g)`` (oneDNN's grouped convolution) on the channels-last tensor viewed
     as NCHW: that view *is* PyTorch's ``channels_last`` memory format, so the input is not
     copied (``keras.ops.conv`` makes an NCHW copy and then a channels-last one) and the output
-    comes back channels-last in place."""
+    comes back channels-last in place. ``bias`` goes into the op."""
     xc = x.permute(0, 3, 1, 2)
     (pt, pb), (pl, pr) = geo.pad
     if pt == pb and pl == pr:
@@ -68,7 +68,7 @@ def native_conv(x, kernel, geo: ConvGeometry):
     # does: oneDNN reorders that layout to its own fast; the bare permuted view trained 3-10%
     # slower on two wide layers (7x7x512 -> 512 and -> 2048, batch 32, a busy machine).
     w = kernel.permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
-    y = F.conv2d(xc, w, None, (geo.sh, geo.sw), padding, (geo.dh, geo.dw), geo.groups)
+    y = F.conv2d(xc, w, bias, (geo.sh, geo.sw), padding, (geo.dh, geo.dw), geo.groups)
     return y.permute(0, 2, 3, 1)
 
 
