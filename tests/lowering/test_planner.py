@@ -177,6 +177,28 @@ def test_auto_mode_times_a_close_winner_again_at_a_larger_batch(cache_dir, monke
     assert timed == []
 
 
+def test_auto_mode_times_a_close_race_again_when_native_leads(cache_dir, monkeypatch):
+    """Winograd behind native by 10% at a few images and ahead by 20% at the layer's batch
+    (CaffeNet conv4 in bfloat16 on TF: its fixed costs weigh more on a few images): the race
+    at the larger batch decides."""
+    geo = conv_geometry((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2)
+    small, big = planner.auto_batch(geo, 32), planner.confirm_batch(geo, 32)
+    assert small < big <= 32
+    timed = _fake_timer(monkeypatch, {"native": 1.0, "winograd": 1.1, ("winograd", big): 0.8,
+                                      "winograd4": 2.0, "type1": 2.0, "type2": 2.0,
+                                      "type3": 2.0})
+    assert choose((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2,
+                  mode="auto") == "winograd"
+    assert sorted(timed[-2:]) == [("native", big), ("winograd", big)]
+    # a rival 1.5x behind is not timed again
+    timed = _fake_timer(monkeypatch, {"native": 1.0, "winograd": 1.5, ("winograd", big): 0.8,
+                                      "winograd4": 2.0, "type1": 2.0, "type2": 2.0,
+                                      "type3": 2.0})
+    assert choose((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2, mode="auto",
+                  batch=64) == "native"
+    assert all(b != planner.confirm_batch(geo, 64) for _, b in timed)
+
+
 def test_auto_mode_leaves_winograd_out_for_few_input_channels(cache_dir, monkeypatch):
     timed = []
     _patch_timer(monkeypatch, lambda geo, low, **kw: timed.append(low) or 1.0)
