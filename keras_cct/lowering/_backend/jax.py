@@ -103,7 +103,7 @@ def device_name() -> Optional[str]:
 
 
 def layer_steps(layer, args: list, dys: list):
-    """Two ``jax.jit``\ s of the layer's ``stateless_call``; the forward+backward one returns
+    """Two ``jax.jit`` calls of the layer's ``stateless_call``; the forward+backward one returns
     the output with the input and weight gradients (``jax.vjp``)."""
     single = len(args) == 1
     tv = [v.value for v in layer.trainable_variables]

@@ -170,7 +170,7 @@ def device_name() -> Optional[str]:
 
 
 def layer_steps(layer, args: list, dys: list):
-    """Two ``tf.function``\ s; the forward+backward one returns the loss with the gradients (TF
+    """Two ``tf.function`` calls; the forward+backward one returns the loss with the gradients (TF
     would otherwise prune a forward that no gradient needs)."""
     single = len(args) == 1
 

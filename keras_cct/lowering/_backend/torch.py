@@ -74,11 +74,14 @@ def native_conv(x, kernel, geo: ConvGeometry, bias=None):
 
 def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, *,
               training: bool, jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
-    """Eager: the loss's backward (or the forward under ``no_grad``)."""
+    """Eager: the loss's backward (or the forward under ``no_grad``), on the device Keras
+    computes on (a GPU when torch sees one), waited for."""
     tdtype = getattr(torch, dtype) if dtype else None
-    tx = torch.tensor(x, dtype=tdtype, requires_grad=training)
-    tk = torch.tensor(kernel, dtype=tdtype, requires_grad=training)
-    tr = torch.tensor(r, dtype=tdtype)
+    dev = _keras_device()
+    tx = torch.tensor(x, dtype=tdtype, device=dev, requires_grad=training)
+    tk = torch.tensor(kernel, dtype=tdtype, device=dev, requires_grad=training)
+    tr = torch.tensor(r, dtype=tdtype, device=dev)
+    wait = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step():
         if training:
@@ -88,8 +91,15 @@ def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, 
         else:
             with torch.no_grad():
                 conv(tx, tk)
+        wait()
 
     return step
+
+
+def _keras_device() -> "torch.device":
+    """The device Keras' torch backend puts new tensors on."""
+    import keras
+    return keras.ops.zeros(()).device
 
 
 def device_name() -> Optional[str]:
