@@ -316,6 +316,31 @@ def test_convs_flags_and_ratios():
     assert loose["best_peer"] == "torch_nchw" and math.isclose(loose["vs_best_peer"], 20 / 30)
 
 
+def test_convs_on_an_accelerator_flags_against_its_gemm_only():
+    """A run on a GPU has no CPU peak (None): only the GEMM ceiling measured there strikes."""
+    from benchmarks import convs
+    cand = {"hybrid": {"ms": 1.0, "gflops": 3000.0}, "keras_conv2d": {"ms": 0.5, "gflops": 6000.0}}
+    layer = {"names": ["x"], "gflop_fwd": 1.0, "candidates": cand}
+    convs.flag([layer], ceiling=5000.0, peak=None, dtype="float32", policy="gemm")
+    assert "measuring_error" not in cand["hybrid"] and not cand["hybrid"]["above_peak"]
+    assert "GEMM ceiling 5000" in cand["keras_conv2d"]["measuring_error"]
+
+
+def test_convs_shapes_from_an_earlier_run(tmp_path):
+    """--shapes-from reads each net's shapes (with their layer names) from a convs.json, for a
+    machine without ../shared; a file that is not one stops with its path."""
+    from benchmarks import convs
+    shape = {"h": 13, "w": 13, "c": 8, "o": 4, "k": [3, 3], "s": [1, 1], "pad": [[1, 1], [1, 1]],
+             "d": [1, 1], "g": 1, "bias": True}
+    path = tmp_path / "convs.json"
+    path.write_text(json.dumps({"runs": [{"net": "caffenet", "layers": [
+        {"shape": shape, "names": ["conv3"]}]}]}))
+    assert convs.shapes_from(path) == {"caffenet": [dict(shape, names=["conv3"])]}
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="bad.json"):
+        convs.shapes_from(tmp_path / "bad.json")
+
+
 def test_convs_cli_rejects_unknown_backend():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.convs", "--backends", "mxnet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -56,19 +56,26 @@ from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import make_step
 
-CACHE_VERSION = 9  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 10  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
-#                   9: a close race is confirmed at the larger batch whoever leads
+#                   9: a close race is confirmed at the larger batch whoever leads;
+#                   10: short calls timed in more rounds (AUTO_MIN_TIMED_S)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
 #: ranking hardly does), to keep the first use of a shape near a second.
 AUTO_BATCH = 16
 AUTO_FLOPS_PER_CALL = 6e9
-#: Rounds ``mode="auto"`` times its shortlist in (best of each; the candidates interleaved).
+#: Rounds ``mode="auto"`` times its shortlist in (best of each; the candidates interleaved) --
+#: at least; short calls get more rounds, until each candidate has :data:`AUTO_MIN_TIMED_S`
+#: seconds of timed calls, at most :data:`AUTO_MAX_ROUNDS` rounds: three calls of 2-3 ms on a
+#: busy machine decide nothing (TF, Intel Xeon with AMX: ResNet-50's res2a_branch2a at batch 4
+#: picked Type 1, 2.9 ms, against keras Conv2D's 2.5 ms for the same op as ``"native"``).
 AUTO_REPEATS = 3
+AUTO_MIN_TIMED_S = 0.05
+AUTO_MAX_ROUNDS = 15
 #: Forward flops under which ``mode="auto"`` picks ``"native"`` without timing (it does the
 #: same for more than :data:`~keras_cct.lowering._backend.common.MAX_SPLIT_GROUPS` groups, depthwise
 #: layers included: the lowerings run one GEMM per group, the backend one grouped op): at a few
@@ -214,7 +221,8 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     start = time.perf_counter()
     small = auto_batch(geo, batch)
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
-                           repeats=AUTO_REPEATS, budget_s=plan_budget_s())
+                           repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
+                           min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS)
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times,
              "not_timed": [c for c in order if c not in times]}
@@ -223,7 +231,8 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     if rival is not None and "native" in times and big > small and \
             _close(times["native"], times[rival]):
         again = time_lowerings(geo, ("native", rival), batch=big, dtype=dtype,
-                               training=training, repeats=AUTO_REPEATS)
+                               training=training, repeats=AUTO_REPEATS,
+                               min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS)
         entry.update(confirm_batch=big, confirm_seconds=again)
         best = _keep_native(again)
     entry["plan_seconds"] = time.perf_counter() - start
@@ -358,23 +367,26 @@ def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: s
 
 def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 32,
                    dtype: str = "float32", training: bool = True, repeats: int = 3,
-                   budget_s: Optional[float] = None) -> Dict[str, float]:
+                   budget_s: Optional[float] = None, min_timed_s: float = 0.0,
+                   max_rounds: int = 0) -> Dict[str, float]:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of each of ``lowerings``
     on ``geo``, on the current Keras backend: one warm-up call each, then ``repeats`` rounds
     in which each is timed once, the order rotated every round (side by side, so that a burst
-    of load on a busy machine does not fall on one candidate only). With ``budget_s``, no
-    further candidate is started once that many seconds have passed since the first one was
-    compiled: the result holds the ones started (in ``lowerings``' order)."""
+    of load on a busy machine does not fall on one candidate only), and further rounds, up to
+    ``max_rounds`` in all, while some candidate has less than ``min_timed_s`` seconds of timed
+    calls. With ``budget_s``, no further candidate is started once that many seconds have
+    passed since the first one was compiled: the result holds the ones started (in
+    ``lowerings``' order)."""
     import concurrent.futures
     # A layer may be built while TF traces a function (its graph and paused gradient tapes are
     # thread-local): time on a fresh thread, which starts in plain eager mode.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(_time_lowerings, geo, tuple(lowerings), batch, dtype, training,
-                           repeats, budget_s).result()
+                           repeats, budget_s, min_timed_s, max_rounds).result()
 
 
-def _time_lowerings(geo, lowerings, batch, dtype, training, repeats,
-                    budget_s) -> Dict[str, float]:
+def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
+                    min_timed_s=0.0, max_rounds=0) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
@@ -390,10 +402,15 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats,
         start = time.perf_counter() if start is None else start
     lowerings = tuple(steps)
     best = {low: float("inf") for low in lowerings}
-    for rnd in range(repeats):
+    timed = {low: 0.0 for low in lowerings}
+    rnd = 0
+    while rnd < repeats or (rnd < max_rounds and min(timed.values()) < min_timed_s):
         order = lowerings[rnd % len(lowerings):] + lowerings[:rnd % len(lowerings)]
         for low in order:
             t0 = time.perf_counter()
             steps[low]()
-            best[low] = min(best[low], time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            best[low] = min(best[low], dt)
+            timed[low] += dt
+        rnd += 1
     return best

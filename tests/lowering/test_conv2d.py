@@ -29,6 +29,8 @@ CASES = {
     "k4x6_s2_asym": ((1, 14, 17, 2), (4, 6, 2, 3), dict(strides=2, padding=((1, 0), (2, 1)))),
     "stride_and_dilation": ((2, 12, 12, 4), (3, 3, 4, 6), dict(strides=2, dilation_rate=2,
                                                                padding=1)),
+    # 3x3 at stride 2 with padding "same" would not give: TF's native pads first in float32
+    "k3_s2_p1": ((2, 8, 8, 4), (3, 3, 4, 6), dict(strides=2, padding=1)),
     "groups4_even": ((1, 8, 8, 8), (2, 2, 2, 8), dict(groups=4, padding="same")),
     # >= SEGMENT_COL2IM_CHANNELS channels per group: col2im by shifted additions
     "wide_channels": ((2, 6, 7, 20), (3, 3, 20, 4), dict(padding=1)),
@@ -183,6 +185,26 @@ def test_bad_arguments_name_the_argument(kwargs, message):
 def test_kernel_larger_than_padded_input():
     with pytest.raises(ValueError, match="larger than the padded input"):
         conv2d(keras.ops.zeros((1, 4, 4, 1)), keras.ops.zeros((5, 5, 1, 1)), lowering="type1")
+
+
+@pytest.mark.parametrize("case", ["k3_s2_p1", "k7_s2_p3", "asym_pad_s32", "groups2_s2_p1"])
+def test_native_in_float32_with_explicit_padding(case):
+    """``native`` in float32 with Caffe's explicit padding (on TensorFlow passed to the op, or
+    for 3x3 kernels at stride 2 a ``tf.pad`` before a VALID convolution, the faster form there)
+    against the float64 convolution: output and both gradients."""
+    xs, ks, kwargs = CASES[case]
+    rng = np.random.default_rng(11)
+    x, k = rng.standard_normal(xs), rng.standard_normal(ks)
+    ref_kw = dict(strides=kwargs.get("strides", 1), padding=kwargs.get("padding", "valid"),
+                  dilation=kwargs.get("dilation_rate", 1), groups=kwargs.get("groups", 1))
+    y_ref = ref.conv2d(x, k, **ref_kw)
+    dy = rng.standard_normal(y_ref.shape)
+    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, **ref_kw)
+    f32 = [a.astype(np.float32) for a in (x, k, dy)]
+    y, dx, dk = _run("native", f32[0], f32[1], kwargs, f32[2])
+    assert y.dtype == np.float32 and y.shape == y_ref.shape
+    for got, want in ((y, y_ref), (dx, dx_ref), (dk, dk_ref)):
+        assert ref.rel_err(got.astype(np.float64), want) < 1e-5
 
 
 @pytest.mark.parametrize("case", ["asym_pad_s32", "k11_s4", "k7_s2_p3", "groups2_s2_p1",

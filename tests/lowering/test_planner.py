@@ -255,6 +255,46 @@ def test_auto_mode_starts_no_candidate_once_its_budget_is_spent(cache_dir, monke
     assert {low for low, _ in started} == {"native", "winograd4", "winograd", "type1"}
 
 
+def _calls(monkeypatch, call_s):
+    """``make_step`` replaced as in :func:`_slow_steps`, counting each candidate's calls."""
+    counts = {}
+    clock = {"now": 0.0}
+    monkeypatch.setattr(planner.time, "perf_counter", lambda: clock["now"])
+
+    def make_step(geo, low, x, k, **kw):
+        counts[low] = 0
+
+        def step():
+            clock["now"] += call_s[low]
+            counts[low] += 1
+        return step
+
+    monkeypatch.setattr(planner, "make_step", make_step)
+    return counts
+
+
+def test_race_gives_short_calls_more_rounds(monkeypatch):
+    """Three rounds at least; more while a candidate has under min_timed_s of timed calls,
+    at most max_rounds (the warm-up call is not timed)."""
+    geo = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    counts = _calls(monkeypatch, {"native": 0.002, "winograd": 0.004})
+    times = planner.time_lowerings(geo, ("native", "winograd"), batch=2, repeats=3,
+                                   min_timed_s=0.049, max_rounds=40)
+    # native needs 25 timed calls of 2 ms to pass 0.049 s (winograd 13 of 4 ms)
+    assert counts == {"native": 1 + 25, "winograd": 1 + 25}
+    assert times == pytest.approx({"native": 0.002, "winograd": 0.004})
+    counts = _calls(monkeypatch, {"native": 0.002, "winograd": 0.004})
+    planner.time_lowerings(geo, ("native", "winograd"), batch=2, repeats=3,
+                           min_timed_s=0.05, max_rounds=10)
+    assert counts == {"native": 11, "winograd": 11}
+    counts = _calls(monkeypatch, {"native": 0.030, "winograd": 0.040})
+    planner.time_lowerings(geo, ("native", "winograd"), batch=2, repeats=3,
+                           min_timed_s=0.05, max_rounds=10)
+    assert counts == {"native": 4, "winograd": 4}
+    # the planner's own race uses them
+    assert planner.AUTO_MIN_TIMED_S > 0 and planner.AUTO_MAX_ROUNDS > planner.AUTO_REPEATS
+
+
 def test_auto_mode_lowers_1x1_layers_untimed_where_the_backend_says(cache_dir, monkeypatch):
     """On JAX (LOWER_1X1), an ungrouped 1x1 convolution is the cost model's lowered type
     without timing; elsewhere it is timed against the backend's own."""
