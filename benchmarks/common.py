@@ -190,8 +190,10 @@ def matmul_step(library: str, dtype: str = "float32", n: int = 2048):
     elif library == "torch":
         import torch
         tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-        a, b = (torch.from_numpy(v).to(tdt) for v in (a_np, b_np))
-        step = lambda: torch.mm(a, b)  # noqa: E731
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        a, b = (torch.from_numpy(v).to(dev, tdt) for v in (a_np, b_np))
+        wait = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        step = lambda: (torch.mm(a, b), wait())  # noqa: E731
     else:
         raise ValueError(f"no matrix product for library {library!r}")
     return step, 2 * n ** 3

@@ -303,7 +303,7 @@ def flag(layers: List[dict], ceiling: float, peak: float, dtype: str, policy: st
             # a Winograd lowering is judged by the multiplications it does, not the direct ones
             rate = entry.get("work_gflops", entry["gflops"])
             entry["above_gemm"] = rate > ceiling
-            entry["above_peak"] = rate > peak
+            entry["above_peak"] = peak is not None and rate > peak
             if entry["above_peak"]:
                 entry["measuring_error"] = (f"{rate:.0f} GFLOP/s > the CPU's {dtype} "
                                             f"peak {peak:.0f}")
@@ -348,10 +348,14 @@ def run_config(spec: dict) -> dict:
                                     spec["repeats"] if spec.get("quick") else MAX_ROUNDS))
         print(f"PROGRESS {shp['names'][0]}", flush=True)
     ceiling = max(ceilings.values())
-    peak = peak_gflops(dtype)
+    from keras_cct.lowering import _backend as B
+    # the CPU's peak bounds nothing run on an accelerator: there the GEMM ceiling, measured on
+    # the device, is the only check
+    peak = peak_gflops(dtype) if B.device_name() is None else {
+        "gflops": None, "note": f"on {B.device_name()}: the CPU's peak does not apply"}
     flag(layers, ceiling, peak["gflops"], dtype, spec.get("flag", "gemm"))
     return {"backend": backend, "dtype": dtype, "net": spec["net"], "batch": spec["batch"],
-            "size": spec["size"], "ceiling_gflops": ceiling, "ceilings_gflops": ceilings,
+            "size": spec["size"], "device": B.device_name(), "ceiling_gflops": ceiling, "ceilings_gflops": ceilings,
             "peak": peak, "flag_policy": spec.get("flag", "gemm"),
             "ceilings_at_start_gflops": start_ceilings, "layers": layers,
             "torch_threads": torch.get_num_threads(), "versions": library_versions(),
@@ -465,7 +469,9 @@ def markdown(data: dict) -> str:
         f"Command: `{data['command']}` ({data['when']}, {data['seconds']:.0f} s).", "",
         f"Machine: **{cpu['model']}**, {cpu['logical_cores']} logical cores "
         f"({cpu['usable_cores']} usable), vector units: {cpu['vector_units']}, matrix units: "
-        f"{cpu['matrix_units']} (flags: {', '.join(cpu['isa_flags'])}). Libraries: "
+        f"{cpu['matrix_units']} (flags: {', '.join(cpu['isa_flags'])})"
+        + "".join(f"; accelerator: **{a}** (every candidate and GEMM ceiling on it)"
+                  for a in m.get("accelerators", [])) + ". Libraries: "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
         "Times: one training step (forward + backward, output fetched), best of the rounds "
         f"({data['repeats']}, more on short layers: until each candidate has "
@@ -549,8 +555,9 @@ def _tables_md(data: dict, lines: List[str]) -> str:
             lib, dt, n = key.split()
             if v > per_lib.get(f"{lib} {dt}", (0,))[0]:
                 per_lib[f"{lib} {dt}"] = (v, n)
+        peak = run["peak"]["gflops"]
         crow.append([f"{run['backend']} {run['dtype']} {run['net']}",
-                     f"{run['ceiling_gflops']:.0f}", f"{run['peak']['gflops']:.0f}",
+                     f"{run['ceiling_gflops']:.0f}", "-" if peak is None else f"{peak:.0f}",
                      "; ".join(f"{k} {v:.0f} (n={n})" for k, (v, n) in per_lib.items())])
     lines.append(markdown_table(["process", "GEMM ceiling", "peak", "best GEMM per library"],
                                 crow))
@@ -636,6 +643,17 @@ def plot(data: dict, path: Path) -> None:
 
 # ------------------------------------------------------------------------------ the parent
 
+def shapes_from(path: Path) -> Dict[str, List[dict]]:
+    """net -> its convolution shapes (with their layer names), as an earlier run recorded
+    them in ``path`` (a convs.json)."""
+    try:
+        runs = json.loads(Path(path).read_text())["runs"]
+        return {r["net"]: [dict(layer["shape"], names=layer["names"]) for layer in r["layers"]]
+                for r in runs}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"{path}: not a convs.json with shapes ({exc!r})") from None
+
+
 def _csv(value: str, allowed) -> List[str]:
     items = [v.strip() for v in value.split(",") if v.strip()]
     bad = [v for v in items if v not in allowed]
@@ -663,6 +681,10 @@ def main(argv=None) -> dict:
                              "winograd) are measured beside the default: every net, CaffeNet "
                              "only (default; about 10 s of tracing per candidate and shape "
                              "otherwise dominates the run), or nowhere (default with --quick)")
+    parser.add_argument("--shapes-from", type=Path, default=None,
+                        help="each net's convolution shapes from an earlier convs.json instead "
+                             "of the prototxts (a machine without ../shared beside the "
+                             "checkout, e.g. a GPU machine)")
     parser.add_argument("--flag-above", choices=("gemm", "peak"), default="gemm",
                         help="a rate above what is a measuring error: the best GEMM measured "
                              "(default) or the CPU's arithmetic peak (both are recorded)")
@@ -679,6 +701,7 @@ def main(argv=None) -> dict:
         repeats = args.repeats or QUICK["repeats"]
     if args.batch:
         nets = {n: (args.batch, size) for n, (_, size) in nets.items()}
+    known_shapes = shapes_from(args.shapes_from) if args.shapes_from else {}
     out = args.out.resolve()
     logs = out / "logs"
     t0 = time.perf_counter()
@@ -700,7 +723,7 @@ def main(argv=None) -> dict:
                     "lowerings": args.lowerings == "all" or (args.lowerings == "caffenet"
                                                              and net == "caffenet"),
                     "ceiling_sizes": [512, 1024] if args.quick else None,
-                    "flag": args.flag_above}
+                    "flag": args.flag_above, "shapes": known_shapes.get(net)}
             done = [0]
 
             def on_line(line, done=done, net=net):
@@ -730,6 +753,7 @@ def main(argv=None) -> dict:
             "seconds": time.perf_counter() - t0, "repeats": repeats,
             "min_timed_s": MIN_TIMED_S, "max_rounds": repeats if args.quick else MAX_ROUNDS,
             "machine": {"cpu": cpu_info(), "versions": library_versions(),
+                        "accelerators": sorted({r["device"] for r in runs if r.get("device")}),
                         "torch_threads": sorted({r["torch_threads"] for r in runs})},
             "nets": {n: {"batch": b, "size": s, "prototxt": NETS[n][0]}
                      for n, (b, s) in nets.items()},

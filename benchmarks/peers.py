@@ -154,8 +154,9 @@ def keras_step(model, x: np.ndarray, r: np.ndarray) -> Callable[[], float]:
         return run
     if backend == "torch":
         import torch
-        tx = torch.tensor(x, requires_grad=True)
-        tr = torch.tensor(r)
+        dev = keras.ops.zeros(()).device  # where Keras computes (a GPU when torch sees one)
+        tx = torch.tensor(x, device=dev, requires_grad=True)
+        tr = torch.tensor(r, device=dev)
         params = [v.value for v in model.trainable_variables]
 
         def run():
@@ -173,10 +174,12 @@ def keras_step(model, x: np.ndarray, r: np.ndarray) -> Callable[[], float]:
 def torch_step(shp: dict, x: np.ndarray, r: np.ndarray, *, channels_last: bool,
                bfloat16: bool) -> Callable[[], float]:
     """``torch.nn.Conv2d(groups=g)`` forward+backward, eager, on NCHW tensors (contiguous, or
-    ``channels_last`` for input and module); bfloat16 by ``torch.autocast`` (float32 params)."""
+    ``channels_last`` for input and module); bfloat16 by ``torch.autocast`` (float32 params).
+    On a GPU when torch sees one (:func:`torch_device`), as a PyTorch user would run it."""
     import contextlib
 
     import torch
+    dev = torch_device()
     (pt, pb), (pl, pr) = shp["pad"]
     conv = torch.nn.Conv2d(shp["c"], shp["o"], tuple(shp["k"]), stride=tuple(shp["s"]),
                            padding=0 if (pt, pb, pl, pr) == (0, 0, 0, 0) else (pt, pl),
@@ -186,13 +189,14 @@ def torch_step(shp: dict, x: np.ndarray, r: np.ndarray, *, channels_last: bool,
         conv.padding = (0, 0)
         pad = (pl, pr, pt, pb)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    conv = conv.to(memory_format=fmt)
-    tx = torch.tensor(x.transpose(0, 3, 1, 2)).contiguous(memory_format=fmt).requires_grad_()
-    tr = torch.tensor(r.transpose(0, 3, 1, 2)).contiguous(memory_format=fmt)
+    conv = conv.to(device=dev, memory_format=fmt)
+    tx = torch.tensor(x.transpose(0, 3, 1, 2), device=dev).contiguous(
+        memory_format=fmt).requires_grad_()
+    tr = torch.tensor(r.transpose(0, 3, 1, 2), device=dev).contiguous(memory_format=fmt)
     params = list(conv.parameters())
 
     def run():
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bfloat16 else \
+        ctx = torch.autocast(dev.type, dtype=torch.bfloat16) if bfloat16 else \
             contextlib.nullcontext()
         with ctx:
             xx = torch.nn.functional.pad(tx, pad) if pad else tx
@@ -202,6 +206,13 @@ def torch_step(shp: dict, x: np.ndarray, r: np.ndarray, *, channels_last: bool,
         return float(loss.detach())
 
     return run
+
+
+def torch_device():
+    """Where the PyTorch peers run: the GPU when torch sees one (a PyTorch user's choice there;
+    Keras' torch backend picks it too), else the CPU."""
+    import torch
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 # ------------------------------------------------------------------------------ all candidates
