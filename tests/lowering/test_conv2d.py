@@ -73,17 +73,25 @@ def _run(lowering, x, k, kwargs, dy, conv=None):
     return to_numpy(y.detach()), to_numpy(tx.grad), to_numpy(tk.grad)
 
 
-@pytest.mark.parametrize("lowering", ALL_LOWERINGS + ("auto",))
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_matches_float64_reference(case, lowering):
+def _reference(case: str, seed: int):
+    """(x, k, dy, (y, dx, dk)) for ``CASES[case]``: random float64 inputs and the float64
+    convolution's output and gradients of ``sum(y * dy)`` (tests.reference)."""
     xs, ks, kwargs = CASES[case]
-    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    rng = np.random.default_rng(seed)
     x, k = rng.standard_normal(xs), rng.standard_normal(ks)
     ref_kw = dict(strides=kwargs.get("strides", 1), padding=kwargs.get("padding", "valid"),
                   dilation=kwargs.get("dilation_rate", 1), groups=kwargs.get("groups", 1))
     y_ref = ref.conv2d(x, k, **ref_kw)
     dy = rng.standard_normal(y_ref.shape)
     dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, **ref_kw)
+    return x, k, dy, (y_ref, dx_ref, dk_ref)
+
+
+@pytest.mark.parametrize("lowering", ALL_LOWERINGS + ("auto",))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_float64_reference(case, lowering):
+    xs, ks, kwargs = CASES[case]
+    x, k, dy, (y_ref, dx_ref, dk_ref) = _reference(case, abs(hash(case)) % 2**32)
     if lowering != "auto" and lowering not in available(conv_geometry(xs, ks, **kwargs)):
         with pytest.raises(LoweringError, match=f"lowering '{lowering}' needs"):
             _run(lowering, x, k, kwargs, dy)
@@ -192,14 +200,8 @@ def test_native_in_float32_with_explicit_padding(case):
     """``native`` in float32 with Caffe's explicit padding (on TensorFlow passed to the op, or
     for 3x3 kernels at stride 2 a ``tf.pad`` before a VALID convolution, the faster form there)
     against the float64 convolution: output and both gradients."""
-    xs, ks, kwargs = CASES[case]
-    rng = np.random.default_rng(11)
-    x, k = rng.standard_normal(xs), rng.standard_normal(ks)
-    ref_kw = dict(strides=kwargs.get("strides", 1), padding=kwargs.get("padding", "valid"),
-                  dilation=kwargs.get("dilation_rate", 1), groups=kwargs.get("groups", 1))
-    y_ref = ref.conv2d(x, k, **ref_kw)
-    dy = rng.standard_normal(y_ref.shape)
-    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, **ref_kw)
+    kwargs = CASES[case][2]
+    x, k, dy, (y_ref, dx_ref, dk_ref) = _reference(case, 11)
     f32 = [a.astype(np.float32) for a in (x, k, dy)]
     y, dx, dk = _run("native", f32[0], f32[1], kwargs, f32[2])
     assert y.dtype == np.float32 and y.shape == y_ref.shape
