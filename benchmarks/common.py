@@ -190,13 +190,21 @@ def matmul_step(library: str, dtype: str = "float32", n: int = 2048):
     elif library == "torch":
         import torch
         tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev = torch_device()
         a, b = (torch.from_numpy(v).to(dev, tdt) for v in (a_np, b_np))
         wait = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
         step = lambda: (torch.mm(a, b), wait())  # noqa: E731
     else:
         raise ValueError(f"no matrix product for library {library!r}")
     return step, 2 * n ** 3
+
+
+def torch_device():
+    """Where the benchmarks run PyTorch's own work (its GEMM, the ``nn.Conv2d`` peers): the GPU
+    when torch sees one (a PyTorch user's choice there; Keras' torch backend picks it too),
+    else the CPU."""
+    import torch
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def matmul_ceiling(library: str, dtype: str = "float32", n: int = 2048,

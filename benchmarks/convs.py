@@ -292,10 +292,11 @@ def _winograd_share(shp: dict, batch: int, lowering: str) -> float:
     return (m + 2) ** 2 * tiles / (9 * geo.out_h * geo.out_w)
 
 
-def flag(layers: List[dict], ceiling: float, peak: float, dtype: str, policy: str) -> None:
+def flag(layers: List[dict], ceiling: float, peak: Optional[float], dtype: str,
+         policy: str) -> None:
     """Mark each candidate faster than the GEMM ceiling (``above_gemm``) or than the CPU's
-    peak (``above_peak``); with ``policy`` "gemm" the first, with "peak" only the second is a
-    measuring error (left out of the ratios)."""
+    peak (``above_peak``; none on an accelerator: ``peak`` None); with ``policy`` "gemm" the
+    first, with "peak" only the second is a measuring error (left out of the ratios)."""
     for layer in layers:
         for entry in layer["candidates"].values():
             if "gflops" not in entry:
@@ -349,13 +350,15 @@ def run_config(spec: dict) -> dict:
         print(f"PROGRESS {shp['names'][0]}", flush=True)
     ceiling = max(ceilings.values())
     from keras_cct.lowering import _backend as B
+    device = B.device_name()
     # the CPU's peak bounds nothing run on an accelerator: there the GEMM ceiling, measured on
     # the device, is the only check
-    peak = peak_gflops(dtype) if B.device_name() is None else {
-        "gflops": None, "note": f"on {B.device_name()}: the CPU's peak does not apply"}
+    peak = peak_gflops(dtype) if device is None else {
+        "gflops": None, "note": f"on {device}: the CPU's peak does not apply"}
     flag(layers, ceiling, peak["gflops"], dtype, spec.get("flag", "gemm"))
     return {"backend": backend, "dtype": dtype, "net": spec["net"], "batch": spec["batch"],
-            "size": spec["size"], "device": B.device_name(), "ceiling_gflops": ceiling, "ceilings_gflops": ceilings,
+            "size": spec["size"], "device": device, "ceiling_gflops": ceiling,
+            "ceilings_gflops": ceilings,
             "peak": peak, "flag_policy": spec.get("flag", "gemm"),
             "ceilings_at_start_gflops": start_ceilings, "layers": layers,
             "torch_threads": torch.get_num_threads(), "versions": library_versions(),

@@ -175,10 +175,13 @@ def torch_step(shp: dict, x: np.ndarray, r: np.ndarray, *, channels_last: bool,
                bfloat16: bool) -> Callable[[], float]:
     """``torch.nn.Conv2d(groups=g)`` forward+backward, eager, on NCHW tensors (contiguous, or
     ``channels_last`` for input and module); bfloat16 by ``torch.autocast`` (float32 params).
-    On a GPU when torch sees one (:func:`torch_device`), as a PyTorch user would run it."""
+    On a GPU when torch sees one (:func:`benchmarks.common.torch_device`), as a PyTorch user
+    would run it."""
     import contextlib
 
     import torch
+
+    from benchmarks.common import torch_device
     dev = torch_device()
     (pt, pb), (pl, pr) = shp["pad"]
     conv = torch.nn.Conv2d(shp["c"], shp["o"], tuple(shp["k"]), stride=tuple(shp["s"]),
@@ -206,13 +209,6 @@ def torch_step(shp: dict, x: np.ndarray, r: np.ndarray, *, channels_last: bool,
         return float(loss.detach())
 
     return run
-
-
-def torch_device():
-    """Where the PyTorch peers run: the GPU when torch sees one (a PyTorch user's choice there;
-    Keras' torch backend picks it too), else the CPU."""
-    import torch
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 # ------------------------------------------------------------------------------ all candidates

@@ -291,7 +291,7 @@ def test_race_gives_short_calls_more_rounds(monkeypatch):
     planner.time_lowerings(geo, ("native", "winograd"), batch=2, repeats=3,
                            min_timed_s=0.05, max_rounds=10)
     assert counts == {"native": 4, "winograd": 4}
-    # the planner's own race uses them
+    # the planner's constants allow more rounds than AUTO_REPEATS
     assert planner.AUTO_MIN_TIMED_S > 0 and planner.AUTO_MAX_ROUNDS > planner.AUTO_REPEATS
 
 
