@@ -311,14 +311,16 @@ def test_inner_product_flattens_in_caffe_order_and_axis():
     assert rel_err(_run(layer, x), x.reshape(2, 3, 20) @ w2.T) < 1e-5
 
 
-@pytest.mark.parametrize("axis,bias", [(1, True), (2, False), (3, True)])
-def test_inner_product_gradients(axis, bias):
+@pytest.mark.parametrize("axis,bias,o", [(1, True, 6), (2, False, 6), (3, True, 6),
+                                         (1, True, 64)])
+def test_inner_product_gradients(axis, bias, o):
     """Input, kernel and bias gradients of ``y = flat(x) W^T + b`` (Caffe's flatten order from
-    Caffe axis ``axis``), written out in float64."""
+    Caffe axis ``axis``), written out in float64. ``o=64``: 16 or more outputs per row of the
+    batch, which TensorFlow computes as ``(W @ x^T)^T``."""
     x = RNG.standard_normal((3, 4, 5, 2))
     lead, k = x.shape[:axis], int(np.prod(x.shape[axis:]))
-    w, b = RNG.standard_normal((6, k)), RNG.standard_normal(6)
-    layer = cl.CaffeInnerProduct(6, axis=axis, bias_term=bias)
+    w, b = RNG.standard_normal((o, k)), RNG.standard_normal(o)
+    layer = cl.CaffeInnerProduct(o, axis=axis, bias_term=bias)
     layer.build(cl.keras_shape(x.shape))
     layer.set_weights([w.astype("f"), b.astype("f")] if bias else [w.astype("f")])
     xf = x.reshape(lead + (k,))
@@ -328,7 +330,7 @@ def test_inner_product_gradients(axis, bias):
     got = _run_grad(layer, x, dy, *names)
     assert got[0].shape == ref.shape and rel_err(got[0], ref) < 1e-5
     assert rel_err(got[1], (dy @ w).reshape(x.shape)) < 1e-5
-    dyf, xf2 = dy.reshape(-1, 6), xf.reshape(-1, k)
+    dyf, xf2 = dy.reshape(-1, o), xf.reshape(-1, k)
     assert rel_err(got[2], dyf.T @ xf2) < 1e-5
     if bias:
         assert rel_err(got[3], dyf.sum(axis=0)) < 1e-5

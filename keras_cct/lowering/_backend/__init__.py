@@ -18,6 +18,8 @@ Every module offers the same names:
   (:mod:`keras_cct.lowering.native`);
 * ``conv_step``: one compiled forward(+backward) step, for the planner's timing
   (:mod:`keras_cct.lowering.timing`);
+* ``layer_steps`` and ``wait``: any Keras layer's forward and forward+backward steps, and
+  waiting for their results without computing more (:mod:`keras_cct.lowering.timing`);
 * ``device_name``: the accelerator Keras computes on, or None for the CPU;
 * ``NAME``: the backend's name.
 

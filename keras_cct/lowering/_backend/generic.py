@@ -21,7 +21,7 @@ DEPTHWISE = "native"
 LOWER_1X1 = False
 __all__ = ["DEPTHWISE", "LOWER_1X1", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
            "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
-           "segment_sum", "split_batch", "take_rows"]
+           "segment_sum", "split_batch", "take_rows", "wait"]
 
 
 def as_tensor(x):
@@ -167,3 +167,10 @@ def layer_steps(layer, args: list, dys: list):
     """``(forward, forward_backward)`` callables of ``layer`` on ``args`` (one tensor, or a
     list of them, passed as such): see :func:`keras_cct.lowering.timing.layer_steps`."""
     raise NotImplementedError("no layer timing for this Keras backend")
+
+
+def wait(tensors: list) -> None:
+    """Return once every tensor of ``tensors`` is computed (here: by fetching a sum of each;
+    the backends wait without computing anything)."""
+    for t in tensors:
+        ops.convert_to_numpy(ops.sum(t))

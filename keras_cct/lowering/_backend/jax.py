@@ -102,6 +102,11 @@ def device_name() -> Optional[str]:
     return None if dev.platform == "cpu" else f"{dev.platform}:{dev.device_kind}"
 
 
+def wait(tensors: list) -> None:
+    """JAX dispatches asynchronously: block until the arrays are ready."""
+    jax.block_until_ready(tensors)
+
+
 def layer_steps(layer, args: list, dys: list):
     """Two ``jax.jit`` calls of the layer's ``stateless_call``; the forward+backward one returns
     the output with the input and weight gradients (``jax.vjp``)."""

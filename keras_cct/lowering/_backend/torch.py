@@ -106,10 +106,18 @@ def device_name() -> Optional[str]:
     return "cuda:" + torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+def wait(tensors: list) -> None:
+    """CPU kernels are done when the call returns; CUDA ones are waited for."""
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
+        torch.cuda.synchronize()
+
+
 def layer_steps(layer, args: list, dys: list):
     """Eager: the forward under ``no_grad``; the forward+backward by ``torch.autograd.grad``
-    with respect to the floating-point inputs and the weights."""
+    of the outputs with the cotangents ``dys`` (as ``y.backward(dy)``) with respect to the
+    floating-point inputs and the weights."""
     single = len(args) == 1
+    cts: list = []
 
     def forward(*a):
         with torch.no_grad():
@@ -119,9 +127,11 @@ def layer_steps(layer, args: list, dys: list):
         a = [t.detach().requires_grad_(True) if torch.is_floating_point(t) else t for t in a]
         y = layer(a[0] if single else list(a))
         ys = y if isinstance(y, (list, tuple)) else [y]
-        total = sum((o * torch.as_tensor(d, device=o.device)).sum() for o, d in zip(ys, dys))
+        if not cts:  # once, on the output's device and dtype (not a copy per call)
+            cts.extend(torch.as_tensor(d, device=o.device, dtype=o.dtype)
+                       for o, d in zip(ys, dys))
         params = [t for t in a if t.requires_grad] + [
             v.value for v in layer.trainable_variables]
-        return torch.autograd.grad(total, params, allow_unused=True)
+        return torch.autograd.grad(ys, params, grad_outputs=cts, allow_unused=True)
 
     return forward, forward_backward

@@ -76,7 +76,8 @@ class CaffeInnerProduct(keras.layers.Layer):
         x2 = ops.reshape(to_caffe_layout(x), (-1, k))
         # x @ kernel^T with the transpose as a matmul flag: on TensorFlow, ops.transpose of the
         # (O, K) kernel copies it in the forward and again for its gradient (fc6 at batch 32:
-        # 1.6x the time of the flag form), and TF's einsum gradient builds an (N, O, K) tensor.
+        # 1.6x the time of the flag form), and TF's einsum gradient builds an (N, O, K) tensor;
+        # for a small batch TF computes (kernel @ x^T)^T (see the backend's matmul_nt).
         y = _backend.matmul_nt(x2, _backend.as_tensor(self.kernel))
         if self.bias_term:
             y = y + self.bias
