@@ -188,7 +188,7 @@ class HybridConv2D(keras.layers.Layer):
                 return geo, "native"
             else:
                 lowering = choose_for(geo, mode=self.planner, dtype=self.compute_dtype,
-                                      batch=key[1])
+                                      batch=key[1], bias=self.use_bias)
             plan = self._plans[key] = (geo, lowering)
         return plan
 

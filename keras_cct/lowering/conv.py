@@ -35,5 +35,5 @@ def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", di
     geo = conv_geometry(tuple(x.shape), tuple(kernel.shape), strides=strides, padding=padding,
                         dilation_rate=dilation_rate, groups=groups)
     if lowering == "auto":
-        lowering = choose_for(geo, mode=planner)
+        lowering = choose_for(geo, mode=planner, bias=bias is not None)
     return conv2d_geo(x, kernel, geo, lowering, bias=bias)

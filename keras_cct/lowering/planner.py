@@ -56,12 +56,14 @@ from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import make_step
 
-CACHE_VERSION = 10  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 11  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
 #                   9: a close race is confirmed at the larger batch whoever leads;
-#                   10: short calls timed in more rounds (AUTO_MIN_TIMED_S)
+#                   10: short calls timed in more rounds (AUTO_MIN_TIMED_S);
+#                   11: JAX's native pads first in float32 (faster: older races are stale);
+#                   a layer with a bias is timed with it (part of the key)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
@@ -140,7 +142,8 @@ IMPRECISE = {"bfloat16": ("winograd4",), "float16": ("winograd4",)}
 
 def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32",
                training: bool = True, candidates: Optional[Sequence[str]] = None,
-               batch: Optional[int] = None, machine: Machine = Machine()) -> str:
+               batch: Optional[int] = None, machine: Machine = Machine(),
+               bias: bool = False) -> str:
     """:func:`choose` for an already validated geometry."""
     b = batch or geo.batch or 32
     if mode == "model":
@@ -158,7 +161,7 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
             raise LoweringError(f"unknown lowerings {bad}; expected some of {ALL_LOWERINGS}")
         usable = tuple(c for c in candidates if c in usable) or ("native",)
     if mode == "measure":
-        return _measured_choice(geo, usable, dtype, training, b)
+        return _measured_choice(geo, usable, dtype, training, b, bias=bias)
     if "depthwise" in usable and geo.groups > 1 and B.DEPTHWISE in usable:
         return B.DEPTHWISE
     usable = tuple(c for c in usable if c != "depthwise") or usable
@@ -174,7 +177,7 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
         shortlist += (_model_choice(geo, lowered, b, training, machine),)
     if len(shortlist) == 1:
         return shortlist[0]
-    return _auto_choice(geo, shortlist, dtype, training, b)
+    return _auto_choice(geo, shortlist, dtype, training, b, bias)
 
 
 def auto_batch(geo: ConvGeometry, batch: int) -> int:
@@ -209,10 +212,11 @@ def plan_budget_s() -> float:
     return float(env) if env else AUTO_BUDGET_S
 
 
-def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch: int) -> str:
+def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch: int,
+                 bias: bool = False) -> str:
     fitting = tuple(c for c in shortlist if fits_in_memory(geo, c, batch))
     shortlist = fitting or shortlist
-    key = _cache_key(geo, shortlist, dtype, training, batch, mode="auto")
+    key = _cache_key(geo, shortlist, dtype, training, batch, mode="auto", bias=bias)
     hit = _read_cache().get(key)
     if isinstance(hit, dict) and hit.get("choice") in shortlist:
         return hit["choice"]
@@ -222,7 +226,7 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     small = auto_batch(geo, batch)
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
-                           min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS)
+                           min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias)
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times,
              "not_timed": [c for c in order if c not in times]}
@@ -232,7 +236,8 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
             _close(times["native"], times[rival]):
         again = time_lowerings(geo, ("native", rival), batch=big, dtype=dtype,
                                training=training, repeats=AUTO_REPEATS,
-                               min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS)
+                               min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS,
+                               bias=bias)
         entry.update(confirm_batch=big, confirm_seconds=again)
         best = _keep_native(again)
     entry["plan_seconds"] = time.perf_counter() - start
@@ -250,7 +255,7 @@ def _model_choice(geo, cands, batch, training, machine) -> str:
 def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, padding="valid",
            dilation_rate=1, groups: int = 1, mode: str = "model", dtype: str = "float32",
            training: bool = True, candidates: Optional[Sequence[str]] = None,
-           batch: Optional[int] = None) -> str:
+           batch: Optional[int] = None, bias: bool = False) -> str:
     """Pick the lowering for one convolution.
 
     Args:
@@ -265,6 +270,8 @@ def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, pad
         candidates: lowerings to consider (default: the three types for ``"model"``; every
             lowering :func:`available` for the shape for ``"auto"`` and ``"measure"``).
         batch: batch size to rank for when ``input_shape`` has none (default 32).
+        bias: whether the convolution adds a bias (``"auto"`` and ``"measure"`` time it with
+            one, as the layer runs; part of the cache key).
 
     Returns:
         One of :data:`ALL_LOWERINGS`.
@@ -272,18 +279,18 @@ def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, pad
     geo = conv_geometry(input_shape, kernel_shape, strides=strides, padding=padding,
                         dilation_rate=dilation_rate, groups=groups)
     return choose_for(geo, mode=mode, dtype=dtype, training=training, candidates=candidates,
-                      batch=batch)
+                      batch=batch, bias=bias)
 
 
 # ---------------------------------------------------------------------------------- measuring
 
 def _cache_key(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int,
-               mode: str = "measure") -> str:
+               mode: str = "measure", bias: bool = False) -> str:
     import keras
     from keras_cct._version import __version__
     fields = dict(v=CACHE_VERSION, mode=mode, pkg=__version__, backend=keras.backend.backend(),
                   device=_device_name(), dtype=dtype, training=training, batch=batch,
-                  cands=list(cands),
+                  bias=bias, cands=list(cands),
                   geo=[geo.in_h, geo.in_w, geo.channels, geo.kh, geo.kw, geo.filters, geo.groups,
                        geo.sh, geo.sw, geo.dh, geo.dw, [list(p) for p in geo.pad]])
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
@@ -340,16 +347,16 @@ def fits_in_memory(geo: ConvGeometry, lowering: str, batch: int, dtype_bytes: in
 
 
 def _measured_choice(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int,
-                     repeats: int = 3) -> str:
+                     repeats: int = 3, bias: bool = False) -> str:
     fitting = tuple(c for c in cands if fits_in_memory(geo, c, batch))
     cands = fitting or cands
-    key = _cache_key(geo, cands, dtype, training, batch)
+    key = _cache_key(geo, cands, dtype, training, batch, bias=bias)
     entries = _read_cache()
     hit = entries.get(key)
     if isinstance(hit, dict) and hit.get("choice") in cands:
         return hit["choice"]
     times = time_lowerings(geo, cands, batch=batch, dtype=dtype, training=training,
-                           repeats=repeats)
+                           repeats=repeats, bias=bias)
     best = min(times, key=times.get)
     entries = _read_cache()
     entries[key] = {"choice": best, "seconds": times}
@@ -358,17 +365,17 @@ def _measured_choice(geo: ConvGeometry, cands, dtype: str, training: bool, batch
 
 
 def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: str = "float32",
-                  training: bool = True, repeats: int = 3) -> float:
+                  training: bool = True, repeats: int = 3, bias: bool = False) -> float:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of ``lowering`` on ``geo``,
     after one warm-up call, on the current Keras backend."""
     return time_lowerings(geo, (lowering,), batch=batch, dtype=dtype, training=training,
-                          repeats=repeats)[lowering]
+                          repeats=repeats, bias=bias)[lowering]
 
 
 def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 32,
                    dtype: str = "float32", training: bool = True, repeats: int = 3,
                    budget_s: Optional[float] = None, min_timed_s: float = 0.0,
-                   max_rounds: int = 0) -> Dict[str, float]:
+                   max_rounds: int = 0, bias: bool = False) -> Dict[str, float]:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of each of ``lowerings``
     on ``geo``, on the current Keras backend: one warm-up call each, then ``repeats`` rounds
     in which each is timed once, the order rotated every round (side by side, so that a burst
@@ -376,17 +383,17 @@ def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 
     ``max_rounds`` in all, while some candidate has less than ``min_timed_s`` seconds of timed
     calls. With ``budget_s``, no further candidate is started once that many seconds have
     passed since the first one was compiled: the result holds the ones started (in
-    ``lowerings``' order)."""
+    ``lowerings``' order). ``bias``: each step adds a bias and differentiates it too."""
     import concurrent.futures
     # A layer may be built while TF traces a function (its graph and paused gradient tapes are
     # thread-local): time on a fresh thread, which starts in plain eager mode.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(_time_lowerings, geo, tuple(lowerings), batch, dtype, training,
-                           repeats, budget_s, min_timed_s, max_rounds).result()
+                           repeats, budget_s, min_timed_s, max_rounds, bias).result()
 
 
 def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
-                    min_timed_s=0.0, max_rounds=0) -> Dict[str, float]:
+                    min_timed_s=0.0, max_rounds=0, bias=False) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
@@ -395,7 +402,7 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
         if start is not None and budget_s is not None and \
                 time.perf_counter() - start >= budget_s:
             break
-        steps[low] = make_step(geo, low, x, k, training=training, dtype=dtype)
+        steps[low] = make_step(geo, low, x, k, training=training, dtype=dtype, bias=bias)
         steps[low]()  # warm-up: compile, first-touch memory
         # The first candidate's compilation is what the layer costs without keras_cct too (a
         # model with keras Conv2D compiles its convolution): the budget counts from there.

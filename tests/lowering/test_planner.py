@@ -3,6 +3,7 @@
 import json
 import warnings
 
+import numpy as np
 import pytest
 
 from keras_cct.errors import LoweringError, PlannerCacheWarning
@@ -306,3 +307,39 @@ def test_auto_mode_lowers_1x1_layers_untimed_where_the_backend_says(cache_dir, m
         assert pick in planner.LOWERED_TYPES and timed == []
     else:
         assert "native" in timed
+
+
+def test_auto_mode_times_a_layer_with_its_bias_and_caches_it_apart(cache_dir, monkeypatch):
+    """A layer with a bias is raced with it (XLA schedules such a step differently); the
+    choice is cached per bias, so a layer without one is timed on its own."""
+    geo = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    seen = []
+
+    def fake(g, low, **kw):
+        seen.append(kw.get("bias"))
+        faster = "winograd" if kw.get("bias") else "native"
+        return 1.0 if low == faster else 2.0
+
+    _patch_timer(monkeypatch, fake)
+    assert planner.choose_for(geo, mode="auto", batch=32, bias=True) == "winograd"
+    assert seen and all(seen)
+    seen.clear()
+    assert planner.choose_for(geo, mode="auto", batch=32, bias=False) == "native"
+    assert seen and not any(seen)
+    seen.clear()
+    assert planner.choose_for(geo, mode="auto", batch=32, bias=True) == "winograd"
+    assert seen == []  # from the cache
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_timing_steps_run_with_and_without_a_bias(bias):
+    """make_step's step (the planner's race) runs every kind of lowering with a bias too."""
+    from keras_cct.lowering.timing import make_step
+    rng = np.random.default_rng(0)
+    geo = conv_geometry((2, 9, 9, 8), (3, 3, 8, 16), padding=1)
+    x = rng.standard_normal((2, 9, 9, 8)).astype("float32")
+    k = rng.standard_normal((3, 3, 8, 16)).astype("float32")
+    for low in ("native", "type1", "winograd"):
+        step = make_step(geo, low, x, k, bias=bias)
+        step()
+        step()

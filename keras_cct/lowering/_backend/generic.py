@@ -151,10 +151,11 @@ def depthwise_conv(x, kernel, geo: ConvGeometry):
     return ops.cast(y, dtype) if wide else y
 
 
-def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, *,
-              training: bool, jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
-    """A no-argument callable running ``conv(x, kernel)`` (and, if ``training``, the gradients
-    of ``sum(y * r)`` with respect to both, fetched with the loss)."""
+def conv_step(conv: Callable, args: List[np.ndarray], r: np.ndarray, *, training: bool,
+              jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
+    """A no-argument callable running ``conv(*args)`` (``args``: the input, the kernel and
+    maybe a bias; and, if ``training``, the gradients of ``sum(y * r)`` with respect to each,
+    fetched with the loss)."""
     raise NotImplementedError("no timing step for this Keras backend")
 
 

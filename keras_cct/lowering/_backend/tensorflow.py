@@ -164,23 +164,26 @@ def _plus(y, bias):
     return y if bias is None else tf.nn.bias_add(y, bias)
 
 
-def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, *,
-              training: bool, jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
-    """One ``tf.function`` (XLA with ``jit_compile``); the loss and a slice of each gradient are
-    fetched, so nothing is pruned."""
-    tx, tk, tr = (tf.cast(tf.constant(a), dtype or a.dtype) for a in (x, kernel, r))
+def conv_step(conv: Callable, args: List[np.ndarray], r: np.ndarray, *, training: bool,
+              jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
+    """One ``tf.function`` (XLA with ``jit_compile``); the loss and the first element of each
+    gradient are fetched, so nothing is pruned."""
+    targs = [tf.cast(tf.constant(a), dtype or a.dtype) for a in args]
+    tr = tf.cast(tf.constant(r), dtype or r.dtype)
+
+    def first(t):
+        return tf.reshape(t, [-1])[0]
 
     @tf.function(jit_compile=jit_compile)
-    def run(xx, kk, rr):
+    def run(rr, *ps):
         if not training:
-            return tf.reduce_sum(conv(xx, kk)[:1, :1, :1, :1])
+            return first(conv(*ps))
         with tf.GradientTape() as tape:
-            tape.watch([xx, kk])
-            loss = tf.reduce_sum(conv(xx, kk) * rr)
-        dx, dk = tape.gradient(loss, [xx, kk])
-        return loss + tf.reduce_sum(dx[:1, :1, :1, :1]) + tf.reduce_sum(dk[:1, :1, :1, :1])
+            tape.watch(ps)
+            loss = tf.reduce_sum(conv(*ps) * rr)
+        return loss + tf.add_n([first(g) for g in tape.gradient(loss, list(ps))])
 
-    return lambda: run(tx, tk, tr).numpy()
+    return lambda: run(tr, *targs).numpy()
 
 
 def device_name() -> Optional[str]:

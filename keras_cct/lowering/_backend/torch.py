@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
@@ -72,25 +72,24 @@ def native_conv(x, kernel, geo: ConvGeometry, bias=None):
     return y.permute(0, 2, 3, 1)
 
 
-def conv_step(conv: Callable, x: np.ndarray, kernel: np.ndarray, r: np.ndarray, *,
-              training: bool, jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
+def conv_step(conv: Callable, args: List[np.ndarray], r: np.ndarray, *, training: bool,
+              jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
     """Eager: the loss's backward (or the forward under ``no_grad``), on the device Keras
     computes on (a GPU when torch sees one), waited for."""
     tdtype = getattr(torch, dtype) if dtype else None
     dev = _keras_device()
-    tx = torch.tensor(x, dtype=tdtype, device=dev, requires_grad=training)
-    tk = torch.tensor(kernel, dtype=tdtype, device=dev, requires_grad=training)
+    targs = [torch.tensor(a, dtype=tdtype, device=dev, requires_grad=training) for a in args]
     tr = torch.tensor(r, dtype=tdtype, device=dev)
     wait = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step():
         if training:
-            (conv(tx, tk) * tr).sum().backward()
-            tx.grad = None
-            tk.grad = None
+            (conv(*targs) * tr).sum().backward()
+            for t in targs:
+                t.grad = None
         else:
             with torch.no_grad():
-                conv(tx, tk)
+                conv(*targs)
         wait()
 
     return step
