@@ -3,8 +3,10 @@
 Each call reads this step's shard sizes from the layer's fractions and cuts the batch into
 contiguous shards. The OpenCL shards are launched first (queued on their devices' client
 threads, which copy the data and talk to the worker), then the CUDA shards (CUDA launches are
-asynchronous too), then the CPU shard computes in the calling thread with the layer's lowering;
-then the CUDA and OpenCL results are collected and joined in order. The backward pass is split
+asynchronous too), then the CPU shard computes in the calling thread with the layer's lowering,
+on the host (when Keras computes on a GPU, its data is copied to the host before the CUDA shards
+are queued, and its results back after); then the CUDA and OpenCL results are collected and
+joined in order. The backward pass is split
 again by fractions of its own (an eager backward has no forward graph to reuse: each PyTorch
 shard lowers its input again) and overlaps the same way. Shards are timed (the CPU shard by the
 clock around it, CUDA shards by CUDA events, OpenCL shards by their request's completion).
@@ -32,6 +34,13 @@ def _torch_device(device):
     return torch.device("cpu" if kind == "cpu" else f"cuda:{index}")
 
 
+def _on(dev):
+    """Keras' device scope for ``dev``: the lowerings' ``keras.ops`` put the tensors they make
+    (and move the ones they convert) on Keras' device, the GPU when torch sees one."""
+    import keras
+    return keras.device(str(dev))
+
+
 def timer(device, x, k, geo, lowering):
     """A function that runs ``x`` convolved with ``k`` once on backend ``device``."""
     import torch
@@ -40,11 +49,16 @@ def timer(device, x, k, geo, lowering):
     tx, tk = torch.from_numpy(x).to(dev), torch.from_numpy(k).to(dev)
 
     def run():
-        with torch.no_grad():
+        with torch.no_grad(), _on(dev):
             conv2d_geo(tx, tk, geo, lowering)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     return run
+
+
+def _to_host(tensors: list) -> list:
+    """``tensors`` (None kept) on the CPU, where a CPU shard computes."""
+    return [t if t is None or t.device.type == "cpu" else t.to("cpu") for t in tensors]
 
 
 def _numpy(t) -> np.ndarray:
@@ -63,6 +77,13 @@ class _Shards:
         s, plan, geo = self.strategy, self.plan, self.geo
         with_bias = len(params) == 2
         sizes = [int(n) for n in plan.next_sizes(phase, False, x.shape[0])]
+        busy = [i for i, n in enumerate(sizes) if n > 0]
+        if len(busy) == 1 and not s.devices[busy[0]].is_opencl and \
+                _torch_device(s.devices[busy[0]]) == x.device:
+            # one device has the whole batch where it already is (the others parked): no
+            # split, no events, no wait (a GPU's queue keeps running ahead of the host)
+            with _on(x.device):
+                return self._compute(phase, x, dy, params, need_dx)
         xs = torch.split(x, sizes)
         dys = [None] * len(sizes) if dy is None else torch.split(dy, sizes)
         kw = dict(need_dx=need_dx, with_bias=with_bias)
@@ -77,14 +98,20 @@ class _Shards:
         outs = [None] * len(sizes)
         cuda = [i for i, d in enumerate(s.devices) if not d.is_opencl and d.kind != "cpu"
                 and sizes[i] > 0]
+        # The CPU shards' data, copied to the host before the CUDA shards are queued (when
+        # Keras computes on a GPU, x lives there, and a copy queued after them would wait for
+        # them to finish)
+        host = {i: _to_host([xs[i], dys[i]] + list(params)) for i, d in enumerate(s.devices)
+                if not d.is_opencl and i not in cuda and sizes[i] > 0}
         pending = {i: self._cuda_launch(phase, i, xs[i], dys[i], params, need_dx)
                    for i in cuda}  # asynchronous like OpenCL
-        for i, d in enumerate(s.devices):  # the CPU shard(s), timed by the clock
-            if d.is_opencl or i in pending or sizes[i] == 0:
-                continue
+        for i, (xi, dyi, *ps) in host.items():  # the CPU shard(s), timed by the clock
             t0 = time.perf_counter()
-            outs[i] = self._compute(phase, xs[i], dys[i], params, need_dx)
+            with _on(xi.device):
+                got = self._compute(phase, xi, dyi, ps, need_dx)
             plan.record(phase, i, time.perf_counter() - t0)
+            # back where Keras computes (after the clock: a copy to a GPU waits for its queue)
+            outs[i] = [None if t is None else t.to(x.device) for t in got]
         for i, (result, start, end) in pending.items():
             end.synchronize()
             plan.record(phase, i, start.elapsed_time(end) / 1e3)
@@ -101,7 +128,7 @@ class _Shards:
         import torch
         dev = _torch_device(self.strategy.devices[i])
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.device(dev):
+        with torch.cuda.device(dev), _on(dev):
             start.record()
             result = self._compute(phase, xi.to(dev, non_blocking=True),
                                    None if dyi is None else dyi.to(dev, non_blocking=True),
