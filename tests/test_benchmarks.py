@@ -490,3 +490,30 @@ def test_convs_headline_says_what_keeping_struck_rates_gives():
     assert "best peer's on 0/5 (1/5 with every rate up to the CPU's peak kept)" in line
     line = HEADLINES["convs"]({"summary": summ(2), "summary_above_gemm_kept": summ(2)})
     assert "best peer's on 2/5" in line and "peak kept" not in line
+
+
+@pytest.mark.slow
+@pytest.mark.opencl
+def test_hybrid_gpu_tiny_with_opencl_standing_in_for_the_gpu(opencl_name, tmp_path):
+    """The GPU machine's hybrid benchmark, end to end on the PyTorch backend with the OpenCL
+    device in the GPU's place: every configuration timed, the hybrid's split reported, the
+    page and the plot written."""
+    from benchmarks import hybrid_gpu
+    from benchmarks.common import spawn_config
+    res = spawn_config("benchmarks.hybrid_gpu", dict(layer="conv3", batch=4, rounds=1, settle=1,
+                                                     accelerator=opencl_name), backend="torch")
+    expected = {"gpu", "cpu", "hybrid"} | {f"cpu_{f}" for f in hybrid_gpu.FIXED}
+    assert set(res["images_per_s"]) == expected
+    assert all(_finite_positive(v) for v in res["images_per_s"].values())
+    devices = [r["device"] for r in res["hybrid_report"]]
+    assert devices == ["torch:cpu:0", opencl_name]
+    assert math.isclose(sum(r["fraction"] for r in res["hybrid_report"]), 1.0, rel_tol=1e-6)
+    assert sum(r["images"] for r in res["hybrid_report"]) == 4
+    data = {"command": "test", "when": "now", "rounds": 1, "settle": 1,
+            "machine": {"gpu": "none", "cpu": {"model": "cpu", "vector_units": "v",
+                                               "matrix_units": "m"}, "cores": 2},
+            "versions": {"keras": "3"}, "results": [res]}
+    page = hybrid_gpu.markdown(data)
+    assert "| conv3 | 4 |" in page
+    hybrid_gpu.plot(data, tmp_path / "hybrid_gpu.png")
+    assert (tmp_path / "hybrid_gpu.png").stat().st_size > 1000
