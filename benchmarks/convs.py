@@ -42,7 +42,9 @@ net; each costs a trace per shape, which dominates the run on ResNet-50's and Mo
 small shapes).
 
 Writes ``convs.json``, ``convs.md`` and ``convs.png`` under ``--out`` (default
-``docs/benchmarks/``); each process' standard error goes to ``<out>/logs/convs-*.log``.
+``docs/benchmarks/``); the JSON and the page also after each process, marked partial, so that a
+run cut short keeps what it measured; each process' standard error goes to
+``<out>/logs/convs-*.log``.
 Run: ``python -m benchmarks.convs [--quick] [--nets caffenet,vgg16,resnet50,mobilenet]
 [--backends tensorflow,jax,torch] [--dtypes float32,bfloat16] [--repeats N] [--out DIR]
 [--lowerings all|caffenet|none] [--flag-above gemm|peak] [--layers a,b] [--batch N]``.
@@ -665,6 +667,42 @@ def _csv(value: str, allowed) -> List[str]:
     return items
 
 
+def _write(out: Path, args, argv, t0: float, repeats: int, nets: dict, runs: list,
+           failures: list, jobs: int):
+    """Write convs.json and convs.md (and, once every process is done, convs.png) from the
+    processes done so far: a run cut short (a time limit on a lent machine) keeps them, marked
+    partial. Returns ``(data, markdown)``."""
+    command = "python -m benchmarks.convs " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    done = len(runs) + len(failures)
+    data = {"command": command.strip(), "when": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "seconds": time.perf_counter() - t0, "repeats": repeats,
+            "min_timed_s": MIN_TIMED_S, "max_rounds": repeats if args.quick else MAX_ROUNDS,
+            "machine": {"cpu": cpu_info(), "versions": library_versions(),
+                        "accelerators": sorted({r["device"] for r in runs if r.get("device")}),
+                        "torch_threads": sorted({r["torch_threads"] for r in runs})},
+            "nets": {n: {"batch": b, "size": s, "prototxt": NETS[n][0]}
+                     for n, (b, s) in nets.items()},
+            "runs": runs, "failures": failures, "flag_above": args.flag_above,
+            "lowerings": args.lowerings, "processes": {"done": done, "planned": jobs}}
+    data["summary"] = summarize(runs)
+    data["summary_above_gemm_kept"] = summarize(runs, loose=True)
+    md = markdown(data)
+    if failures:
+        md += "\n## Failed processes\n\n" + "\n".join(
+            f"- {f['backend']} {f['dtype']} {f['net']}: {f['error']}" for f in failures) + "\n"
+    if done < jobs:
+        title, rest = md.split("\n", 1)
+        md = (f"{title}\n\n> **Partial**: {done} of {jobs} processes (backend, dtype, net) "
+              f"done when this was written.\n{rest}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "convs.json").write_text(json.dumps(data, indent=1))
+    (out / "convs.md").write_text(md)
+    if done == jobs:
+        plot(data, out / "convs.png")
+    return data, md
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.convs",
                                      description=__doc__.splitlines()[0])
@@ -750,28 +788,9 @@ def main(argv=None) -> dict:
                 bar.update(max(shape_counts.get(net, done[0]) - done[0], 0))
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
-    command = "python -m benchmarks.convs " + " ".join(
-        sys.argv[1:] if argv is None else argv)
-    data = {"command": command.strip(), "when": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "seconds": time.perf_counter() - t0, "repeats": repeats,
-            "min_timed_s": MIN_TIMED_S, "max_rounds": repeats if args.quick else MAX_ROUNDS,
-            "machine": {"cpu": cpu_info(), "versions": library_versions(),
-                        "accelerators": sorted({r["device"] for r in runs if r.get("device")}),
-                        "torch_threads": sorted({r["torch_threads"] for r in runs})},
-            "nets": {n: {"batch": b, "size": s, "prototxt": NETS[n][0]}
-                     for n, (b, s) in nets.items()},
-            "runs": runs, "failures": failures, "flag_above": args.flag_above,
-            "lowerings": args.lowerings}
-    data["summary"] = summarize(runs)
-    data["summary_above_gemm_kept"] = summarize(runs, loose=True)
-    md = markdown(data)
-    if failures:
-        md += "\n## Failed processes\n\n" + "\n".join(
-            f"- {f['backend']} {f['dtype']} {f['net']}: {f['error']}" for f in failures) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "convs.json").write_text(json.dumps(data, indent=1))
-    (out / "convs.md").write_text(md)
-    plot(data, out / "convs.png")
+            if len(runs) + len(failures) < len(jobs):  # what is done so far, in case the
+                _write(out, args, argv, t0, repeats, nets, runs, failures, len(jobs))  # run stops
+    data, md = _write(out, args, argv, t0, repeats, nets, runs, failures, len(jobs))
     print(md)
     return data
 

@@ -517,3 +517,31 @@ def test_hybrid_gpu_tiny_with_opencl_standing_in_for_the_gpu(opencl_name, tmp_pa
     assert "| conv3 | 4 |" in page
     hybrid_gpu.plot(data, tmp_path / "hybrid_gpu.png")
     assert (tmp_path / "hybrid_gpu.png").stat().st_size > 1000
+
+
+def test_convs_writes_what_is_done_when_a_run_stops(tmp_path, monkeypatch):
+    """After each process the results so far are written (marked partial), so a run cut short
+    (a lent machine's time limit) keeps them; the PNG comes with the complete run."""
+    from benchmarks import convs
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path / "cache"))
+    run = convs.run_config({"net": "tiny", "batch": 2, "size": 6, "dtype": "float32",
+                            "repeats": 1, "shapes": _TINY_CONVS, "quick": True,
+                            "ceiling_sizes": [256]})
+    calls = []
+
+    def spawn(module, spec, **kw):
+        calls.append(spec["dtype"])
+        if len(calls) > 1:
+            raise KeyboardInterrupt  # the run is stopped during its second process
+        return run
+
+    monkeypatch.setattr(convs, "spawn_config", spawn)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        convs.main(["--nets", "caffenet", "--backends", "tensorflow",
+                    "--dtypes", "float32,bfloat16", "--out", str(out)])
+    data = json.loads((out / "convs.json").read_text())
+    assert data["processes"] == {"done": 1, "planned": 2} and len(data["runs"]) == 1
+    page = (out / "convs.md").read_text()
+    assert "**Partial**: 1 of 2 processes" in page and "## tiny, tensorflow, float32" in page
+    assert not (out / "convs.png").exists()
