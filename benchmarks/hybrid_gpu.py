@@ -163,9 +163,9 @@ def _reading(data: dict) -> str:
             f"fixed split / GPU alone {span('best_fixed_vs_gpu')}.\n"
             f"- The hybrid as shipped parks the CPU (no shard once its one image takes longer "
             f"than the GPU's whole batch) in {parked} of {2 * len(res)} passes, and runs at "
-            f"{span('hybrid_vs_gpu')} of the GPU alone: the split op's own cost (on PyTorch "
-            "its backward computes the forward again). Beside a GPU like this one, train "
-            "without the CPU in the strategy.\n")
+            f"{span('hybrid_vs_gpu')} of the GPU alone: the split op's own cost (not timed "
+            "apart; on PyTorch its backward computes the forward again). Beside a GPU like "
+            "this one, train without the CPU in the strategy.\n")
 
 
 def main(argv=None) -> int:

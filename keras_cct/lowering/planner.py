@@ -62,7 +62,8 @@ CACHE_VERSION = 11  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
 #                   9: a close race is confirmed at the larger batch whoever leads;
 #                   10: short calls timed in more rounds (AUTO_MIN_TIMED_S);
-#                   11: JAX's native pads first in float32 (faster: older races are stale);
+#                   11: JAX's native pads first where "same" cannot pad (older races are
+#                   stale);
 #                   a layer with a bias is timed with it (part of the key)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than

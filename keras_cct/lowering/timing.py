@@ -33,9 +33,9 @@ def make_step(geo: ConvGeometry, lowering: Union[str, Callable], x: np.ndarray,
               kernel: np.ndarray, *, training: bool = True, jit_compile: bool = False,
               dtype: Optional[str] = None, bias: bool = False) -> Callable[[], None]:
     """A no-argument callable running ``lowering`` on ``x``/``kernel`` (and the gradients of
-    ``loss = sum(y * r)`` with respect to both, if ``training``).
+    ``loss = sum(y * r)`` with respect to each input, if ``training``).
 
-    Every step fetches the loss as well as both gradients, so the forward pass is always part of
+    Every step fetches the loss as well as the gradients, so the forward pass is always part of
     the time (TensorFlow and XLA would otherwise drop a forward convolution whose output no
     gradient needs). ``lowering`` is a lowering name or any ``fn(x, kernel, geo)`` computing the
     convolution; ``dtype`` (e.g. ``"bfloat16"``) casts the float32 inputs on the backend;
