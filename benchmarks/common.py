@@ -89,7 +89,7 @@ ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx
 def cpu_info() -> Dict[str, object]:
     """The CPU's model name, logical cores (and those this process may use), and which vector
     / matrix units it has, from ``/proc/cpuinfo``."""
-    from keras_cct.lowering.planner import _cpu_name
+    from keras_cct._system import cpu_name
     flags: set = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -118,7 +118,7 @@ def cpu_info() -> Dict[str, object]:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         usable = os.cpu_count()
-    return {"model": _cpu_name(), "logical_cores": os.cpu_count(), "usable_cores": usable,
+    return {"model": cpu_name(), "logical_cores": os.cpu_count(), "usable_cores": usable,
             "vector_units": vector, "matrix_units": matrix, "isa_flags": have,
             "machine": platform.machine()}
 
@@ -221,8 +221,8 @@ def matmul_ceiling(library: str, dtype: str = "float32", n: int = 2048,
 def machine() -> Dict[str, object]:
     """What the numbers were measured on."""
     import keras
-    from keras_cct.lowering.planner import _cpu_name
-    info = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+    from keras_cct._system import cpu_name
+    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
             "keras": keras.__version__, "backend": keras.backend.backend()}
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf

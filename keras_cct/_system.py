@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
-from typing import Optional
+import platform
+from pathlib import Path
+from typing import Dict, Optional
 
 
 def physical_memory() -> Optional[int]:
@@ -12,3 +15,31 @@ def physical_memory() -> Optional[int]:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _cpuinfo() -> Dict[str, str]:
+    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none)."""
+    fields: Dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` says."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_fingerprint() -> str:
+    """A short digest of the CPU's name and instruction-set flags: code compiled for this CPU
+    (XLA's executables) may use instructions another CPU lacks, so caches of it are kept apart
+    per fingerprint (a home folder shared by machines)."""
+    info = _cpuinfo()
+    text = "|".join((cpu_name(), info.get("flags", ""), platform.machine()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
