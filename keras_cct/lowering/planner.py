@@ -86,6 +86,10 @@ AUTO_FLOPS_PER_CALL = 24e9
 AUTO_REPEATS = 3
 AUTO_MIN_TIMED_S = 0.05
 AUTO_MAX_ROUNDS = 15
+#: ``mode="auto"`` times a candidate no more once its best time is this factor behind the
+#: fastest one's after a round: it cannot win, and its calls are the slowest of the race (JAX,
+#: VGG16's conv1_2 at 8 images: ``"native"`` 306 ms a call against F(4x4)'s 158).
+AUTO_DROP_BEHIND = 1.5
 #: Forward flops under which ``mode="auto"`` picks ``"native"`` without timing (it does the
 #: same for more than :data:`~keras_cct.lowering._backend.common.MAX_SPLIT_GROUPS` groups, depthwise
 #: layers included: the lowerings run one GEMM per group, the backend one grouped op): at a few
@@ -205,7 +209,8 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     images = auto_batch(geo, batch)
     times = time_lowerings(geo, order, batch=images, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
-                           min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias)
+                           min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,
+                           drop_behind=AUTO_DROP_BEHIND)
     best = _keep_native(times)
     entry = {"batch": images, "seconds": times,
              "not_timed": [c for c in order if c not in times]}
@@ -344,7 +349,8 @@ def time_lowering(geo: ConvGeometry, lowering: str, *, batch: int = 32, dtype: s
 def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 32,
                    dtype: str = "float32", training: bool = True, repeats: int = 3,
                    budget_s: Optional[float] = None, min_timed_s: float = 0.0,
-                   max_rounds: int = 0, bias: bool = False) -> Dict[str, float]:
+                   max_rounds: int = 0, bias: bool = False,
+                   drop_behind: Optional[float] = None) -> Dict[str, float]:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of each of ``lowerings``
     on ``geo``, on the current Keras backend: one warm-up call each, then ``repeats`` rounds
     in which each is timed once, the order rotated every round (side by side, so that a burst
@@ -352,17 +358,22 @@ def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 
     ``max_rounds`` in all, while some candidate has less than ``min_timed_s`` seconds of timed
     calls. With ``budget_s``, no further candidate is started once that many seconds have
     passed since the first one was compiled: the result holds the ones started (in
-    ``lowerings``' order). ``bias``: each step adds a bias and differentiates it too."""
+    ``lowerings``' order). ``bias``: each step adds a bias and differentiates it too. With
+    ``drop_behind``, a candidate whose best time is more than that factor behind the fastest
+    one's after a round is timed no more (its best so far is returned), and the rounds end
+    when one is left."""
     import concurrent.futures
     # A layer may be built while TF traces a function (its graph and paused gradient tapes are
     # thread-local): time on a fresh thread, which starts in plain eager mode.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(_time_lowerings, geo, tuple(lowerings), batch, dtype, training,
-                           repeats, budget_s, min_timed_s, max_rounds, bias).result()
+                           repeats, budget_s, min_timed_s, max_rounds, bias,
+                           drop_behind).result()
 
 
 def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
-                    min_timed_s=0.0, max_rounds=0, bias=False) -> Dict[str, float]:
+                    min_timed_s=0.0, max_rounds=0, bias=False,
+                    drop_behind=None) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
@@ -379,9 +390,10 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
     lowerings = tuple(steps)
     best = {low: float("inf") for low in lowerings}
     timed = {low: 0.0 for low in lowerings}
-    rnd = 0
-    while rnd < repeats or (rnd < max_rounds and min(timed.values()) < min_timed_s):
-        order = lowerings[rnd % len(lowerings):] + lowerings[:rnd % len(lowerings)]
+    rnd, running = 0, lowerings
+    while rnd < repeats or (rnd < max_rounds and
+                            min(timed[low] for low in running) < min_timed_s):
+        order = running[rnd % len(running):] + running[:rnd % len(running)]
         for low in order:
             t0 = time.perf_counter()
             steps[low]()
@@ -389,4 +401,9 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
             best[low] = min(best[low], dt)
             timed[low] += dt
         rnd += 1
+        if drop_behind is not None and len(running) > 1:
+            lead = min(best[low] for low in running)
+            running = tuple(low for low in running if best[low] <= drop_behind * lead)
+            if len(running) == 1:
+                break
     return best

@@ -283,6 +283,28 @@ def test_race_gives_short_calls_more_rounds(monkeypatch):
     assert planner.AUTO_MIN_TIMED_S > 0 and planner.AUTO_MAX_ROUNDS > planner.AUTO_REPEATS
 
 
+def test_race_drops_candidates_far_behind(monkeypatch):
+    """With drop_behind, a candidate that far behind the leader after a round is timed no more
+    (its best kept); one left ends the race; candidates within the factor run every round."""
+    geo = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    calls = {"native": 0.306, "winograd": 0.192, "winograd4": 0.158}
+    counts = _calls(monkeypatch, calls)
+    times = planner.time_lowerings(geo, tuple(calls), batch=8, repeats=3, drop_behind=1.5)
+    assert counts == {"native": 1 + 1, "winograd": 1 + 3, "winograd4": 1 + 3}
+    assert times == pytest.approx(calls)
+    counts = _calls(monkeypatch, {"native": 0.1, "winograd": 0.2})
+    planner.time_lowerings(geo, ("native", "winograd"), batch=8, repeats=3, drop_behind=1.5)
+    assert counts == {"native": 1 + 1, "winograd": 1 + 1}
+    counts = _calls(monkeypatch, calls)                   # without it: every round for all
+    planner.time_lowerings(geo, tuple(calls), batch=8, repeats=3)
+    assert counts == {low: 1 + 3 for low in calls}
+    # one candidate alone still gets its rounds
+    counts = _calls(monkeypatch, {"native": 0.1})
+    planner.time_lowerings(geo, ("native",), batch=8, repeats=3, drop_behind=1.5)
+    assert counts == {"native": 1 + 3}
+    assert planner.AUTO_DROP_BEHIND > 1
+
+
 def test_auto_mode_lowers_1x1_layers_untimed_where_the_backend_says(cache_dir, monkeypatch):
     """On JAX (LOWER_1X1), an ungrouped 1x1 convolution is the cost model's lowered type
     without timing; elsewhere it is timed against the backend's own."""
