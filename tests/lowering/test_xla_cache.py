@@ -58,7 +58,7 @@ def case(tmp_path_factory):
 
 def _run(case_path, cache, **env):
     full = {k: v for k, v in os.environ.items()
-            if k not in ("TF_XLA_FLAGS", "KERAS_CCT_XLA_CACHE")}
+            if k not in ("TF_XLA_FLAGS", "KERAS_CCT_XLA_CACHE", "KERAS_CCT_XLA_CACHE_SET")}
     full.update(KERAS_BACKEND="tensorflow", KERAS_CCT_CACHE_DIR=str(cache),
                 PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", **env)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(case_path)], env=full,
@@ -99,3 +99,17 @@ def test_off_when_asked_or_when_the_user_set_a_folder(case, tmp_path):
                TF_XLA_FLAGS=f"--tf_xla_persistent_cache_directory={mine}")
     assert out["flags"] == f"--tf_xla_persistent_cache_directory={mine}"
     assert not (tmp_path / "b" / "xla").exists() and any(mine.iterdir())
+
+
+def test_a_child_process_uses_its_own_cache_folder(case, tmp_path):
+    """TF_XLA_FLAGS as a parent's keras_cct left it (the marker beside it): a child with another
+    $KERAS_CCT_CACHE_DIR (a benchmark's process with an empty cache) uses its own folder."""
+    path, x, k, dy = case
+    parent = tmp_path / "parent" / "xla" / "tf-x"
+    out = _run(path, tmp_path / "child",
+               TF_XLA_FLAGS=f"--tf_xla_min_cluster_size=4 --tf_xla_persistent_cache_directory={parent}",
+               KERAS_CCT_XLA_CACHE_SET=str(parent))
+    (mine,) = (tmp_path / "child" / "xla").iterdir()
+    assert out["flags"] == f"--tf_xla_min_cluster_size=4 --tf_xla_persistent_cache_directory={mine}"
+    assert any(mine.iterdir()) and not parent.exists()
+    _check(out, x, k, dy)

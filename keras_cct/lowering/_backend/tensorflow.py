@@ -20,6 +20,11 @@ __all__ = generic.__all__
 
 #: Set to ``0`` to leave TensorFlow's persistent XLA cache off (:func:`persistent_xla_cache`).
 XLA_CACHE_ENV = "KERAS_CCT_XLA_CACHE"
+#: The folder keras_cct put in ``TF_XLA_FLAGS``, beside it in the environment: a child process
+#: inherits both, and decides again from its own ``$KERAS_CCT_CACHE_DIR`` (a benchmark's
+#: process with an empty cache must not load its parent's executables).
+_XLA_CACHE_SET = "KERAS_CCT_XLA_CACHE_SET"
+_XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory="
 
 
 def persistent_xla_cache() -> Optional[Path]:
@@ -36,7 +41,11 @@ def persistent_xla_cache() -> Optional[Path]:
     folder is per TensorFlow version and per CPU (:func:`~keras_cct._system.cpu_fingerprint`):
     an executable may use instructions another CPU lacks."""
     flags = os.environ.get("TF_XLA_FLAGS", "")
-    if os.environ.get(XLA_CACHE_ENV, "1") == "0" or "tf_xla_persistent_cache_directory" in flags:
+    inherited = os.environ.pop(_XLA_CACHE_SET, None)
+    if inherited:  # a parent's keras_cct set it: this process chooses its own
+        flags = " ".join(f for f in flags.split() if f != _XLA_CACHE_FLAG + inherited)
+        _set_env("TF_XLA_FLAGS", flags)
+    if os.environ.get(XLA_CACHE_ENV, "1") == "0" or _XLA_CACHE_FLAG[2:] in flags:
         return None
     path = cache_dir() / "xla" / f"tf-{tf.__version__}-{cpu_fingerprint()}"
     if any(ch.isspace() for ch in str(path)):  # TF_XLA_FLAGS is split at whitespace
@@ -45,8 +54,16 @@ def persistent_xla_cache() -> Optional[Path]:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={path}".strip()
+    _set_env("TF_XLA_FLAGS", f"{flags} {_XLA_CACHE_FLAG}{path}".strip())
+    os.environ[_XLA_CACHE_SET] = str(path)
     return path
+
+
+def _set_env(name: str, value: str) -> None:
+    if value:
+        os.environ[name] = value
+    else:
+        os.environ.pop(name, None)
 
 
 persistent_xla_cache()
