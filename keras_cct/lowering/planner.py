@@ -8,11 +8,13 @@ Three modes:
   (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3); not in 16-bit floats: :data:`IMPRECISE`; neither
   below :data:`WINOGRAD_MIN_CHANNELS` input channels per group) and
   ``"space_to_depth"`` (:data:`~keras_cct.lowering.dispatch.NEEDS`) -- is
-  timed once for the exact shape, batch, backend, dtype and machine (forward+backward at the
-  layer's batch, or fewer images where one call would pass :data:`AUTO_FLOPS_PER_CALL`:
-  :func:`auto_batch`; :data:`AUTO_REPEATS` rounds, the candidates interleaved so that a burst
-  of load on the machine falls on all of them). A winner other than ``"native"`` must beat it
-  by :data:`NATIVE_MARGIN`. The
+  timed once for the exact shape, batch, backend, dtype and machine (forward+backward at up to
+  :data:`AUTO_BATCH` images, :func:`auto_batch`; :data:`AUTO_REPEATS` rounds, the candidates
+  interleaved so that a burst of load on the machine falls on all of them). A winner other than
+  ``"native"`` must beat it by :data:`NATIVE_MARGIN`, and where ``"native"`` and the fastest
+  other candidate are within :data:`CONFIRM_BELOW` of each other (either ahead) at a batch
+  smaller than the layer's, the two are timed again at a larger batch (:func:`confirm_batch`;
+  rankings at 4 images and at 32 can differ). The
   planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
   the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
   on disk, so the first use of a shape costs about a second and later ones nothing. A convolution of less than
@@ -53,7 +55,7 @@ from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import make_step
 
-CACHE_VERSION = 12  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 13  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
@@ -62,22 +64,14 @@ CACHE_VERSION = 12  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   11: JAX's native pads first where "same" cannot pad (older races are
 #                   stale);
 #                   a layer with a bias is timed with it (part of the key);
-#                   12: one race at the layer's batch (up to 24 GFLOP a call) instead of a
-#                   race at a few images and a confirmation
+#                   12: one race at the layer's batch, no confirmation (reverted: slower
+#                   first uses); 13: a candidate far behind is dropped (AUTO_DROP_BEHIND)
 
-#: ``mode="auto"`` times candidates at the layer's batch, or at fewer images where one call would
-#: pass this many forward+backward flops (a few tenths of a second at float32's GEMM rate on
-#: two cores). One race at the batch the layer runs at: rankings at a few images and at 32
-#: differ (VGG16's conv1_2 in bfloat16 picked Type 2 at 4 images and ran 0.62x keras Conv2D at
-#: 32; CaffeNet's conv4 and conv5 in bfloat16 kept ``"native"`` from a race at 8 images, where
-#: F(2x2) then ran 24.4 / 18.9 ms against native's 31.6 / 21.3), and every compilation counts
-#: twice when a race at a few images is confirmed at a larger batch: TensorFlow, CaffeNet conv4
-#: in float32 (Intel Xeon, 2 cores), 6.5 s of planning that way (Winograd's XLA clusters
-#: compiled for 8 images, then 32) against 4.0 s in one race as the process's first layer, 2.2
-#: s after others. On TensorFlow the layer's own step then finds Winograd's clusters compiled
-#: for its shape (its first step 0.3 s after the planning, against 1.0 s for conv3, raced at
-#: 26 images).
-AUTO_FLOPS_PER_CALL = 24e9
+#: ``mode="auto"`` times candidates at no more than this many images, and no more than
+#: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
+#: ranking hardly does), to keep the first use of a shape near a second.
+AUTO_BATCH = 16
+AUTO_FLOPS_PER_CALL = 6e9
 #: Rounds ``mode="auto"`` times its shortlist in (best of each; the candidates interleaved) --
 #: at least; short calls get more rounds, until each candidate has :data:`AUTO_MIN_TIMED_S`
 #: seconds of timed calls, at most :data:`AUTO_MAX_ROUNDS` rounds: three calls of 2-3 ms on a
@@ -100,6 +94,14 @@ AUTO_MIN_FLOPS = 100e6
 #: faster: the backend's own op is one op with no temporaries, and two repeats on a busy
 #: machine differ by a few percent.
 NATIVE_MARGIN = 0.05
+#: Where ``"native"`` and the fastest other candidate are within this factor of each other
+#: (either ahead) at :func:`auto_batch` images, both are timed again at :func:`confirm_batch`
+#: images (at most :data:`CONFIRM_FLOPS_PER_CALL` forward+backward flops per call), and that
+#: timing decides. Winograd's fixed costs weigh more on a few images: CaffeNet conv4 and conv5
+#: in bfloat16 (TF, batch 32) kept ``"native"`` from a race at 8 images, where F(2x2) then ran
+#: 24.4 / 18.9 ms against native's 31.6 / 21.3 at the layer's batch.
+CONFIRM_BELOW = 1.3
+CONFIRM_FLOPS_PER_CALL = 24e9
 #: ``mode="auto"`` leaves Winograd off the shortlist below this many input channels per group:
 #: its transforms then cost more than the GEMM they shrink. VGG16 conv1_1 (3 -> 64, 112x112,
 #: batch 8, float32; busy machine): F(2x2)/F(4x4) 55/36 ms against native 20 on TensorFlow,
@@ -110,7 +112,7 @@ WINOGRAD_MIN_CHANNELS = 16
 #: (``$KERAS_CCT_PLAN_BUDGET`` overrides; ``mode="measure"`` has no budget), counted from
 #: the moment ``"native"``, always first, is compiled (what keras Conv2D costs as well); the
 #: others follow in the order of :data:`AUTO_ORDER`. The rounds run on the candidates
-#: started.
+#: started, and a close race's confirmation (two more compilations) runs regardless.
 #: Compiling a candidate is most of a first use on JAX (XLA: 0.3-1.8 s each on VGG16 conv1_2,
 #: F(4x4) the slowest) and on TensorFlow (0.2-1.9 s for the first trace of a lowering in a
 #: process); without the budget a first use took up to 6.5 s.
@@ -175,10 +177,16 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
 
 
 def auto_batch(geo: ConvGeometry, batch: int) -> int:
-    """Images ``mode="auto"`` times a shape at: ``batch``, or fewer where one call would pass
-    :data:`AUTO_FLOPS_PER_CALL` forward+backward flops."""
+    """Images ``mode="auto"`` times a shape at (see :data:`AUTO_BATCH`)."""
     per_image = 3 * geo.flops(1)
-    return max(1, min(batch, int(AUTO_FLOPS_PER_CALL // per_image)))
+    return max(1, min(AUTO_BATCH, batch, int(AUTO_FLOPS_PER_CALL // per_image)))
+
+
+def confirm_batch(geo: ConvGeometry, batch: int) -> int:
+    """Images a close ``mode="auto"`` winner is timed again at, beside ``"native"`` (at most
+    ``batch`` and :data:`CONFIRM_FLOPS_PER_CALL` forward+backward flops per call)."""
+    per_image = 3 * geo.flops(1)
+    return max(auto_batch(geo, batch), min(batch, int(CONFIRM_FLOPS_PER_CALL // per_image)))
 
 
 def _keep_native(times: Dict[str, float]) -> str:
@@ -187,6 +195,11 @@ def _keep_native(times: Dict[str, float]) -> str:
     if "native" in times and times[best] * (1 + NATIVE_MARGIN) > times["native"]:
         return "native"
     return best
+
+
+def _close(a: float, b: float) -> bool:
+    """Whether two timings are within :data:`CONFIRM_BELOW` of each other."""
+    return max(a, b) < CONFIRM_BELOW * min(a, b)
 
 
 def plan_budget_s() -> float:
@@ -206,14 +219,24 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     order = [c for c in ("native",) + AUTO_ORDER if c in shortlist]
     order += [c for c in shortlist if c not in order]
     start = time.perf_counter()
-    images = auto_batch(geo, batch)
-    times = time_lowerings(geo, order, batch=images, dtype=dtype, training=training,
+    small = auto_batch(geo, batch)
+    times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
                            min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,
                            drop_behind=AUTO_DROP_BEHIND)
     best = _keep_native(times)
-    entry = {"batch": images, "seconds": times,
+    entry = {"batch": small, "seconds": times,
              "not_timed": [c for c in order if c not in times]}
+    big = confirm_batch(geo, batch)
+    rival = min((c for c in times if c != "native"), key=times.get, default=None)
+    if rival is not None and "native" in times and big > small and \
+            _close(times["native"], times[rival]):
+        again = time_lowerings(geo, ("native", rival), batch=big, dtype=dtype,
+                               training=training, repeats=AUTO_REPEATS,
+                               min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS,
+                               bias=bias)
+        entry.update(confirm_batch=big, confirm_seconds=again)
+        best = _keep_native(again)
     entry["plan_seconds"] = time.perf_counter() - start
     entries = _read_cache()
     entries[key] = dict(entry, choice=best)
