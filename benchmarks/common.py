@@ -89,15 +89,8 @@ ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx
 def cpu_info() -> Dict[str, object]:
     """The CPU's model name, logical cores (and those this process may use), and which vector
     / matrix units it has, from ``/proc/cpuinfo``."""
-    from keras_cct._system import cpu_name
-    flags: set = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags.update(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    from keras_cct._system import cpu_flags, cpu_name
+    flags = cpu_flags()
     have = [f for f in ISA_FLAGS if f in flags]
     if "amx_bf16" in flags:
         matrix = "AMX-BF16" + (" + AMX-FP16" if "amx_fp16" in flags else "")

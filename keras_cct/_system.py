@@ -6,7 +6,7 @@ import hashlib
 import os
 import platform
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Set
 
 
 def physical_memory() -> Optional[int]:
@@ -33,7 +33,13 @@ def _cpuinfo() -> Dict[str, str]:
 
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` says."""
-    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+    return _name(_cpuinfo())
+
+
+def cpu_flags() -> Set[str]:
+    """The CPU's instruction-set flags (``/proc/cpuinfo``'s ``flags``, ``Features`` on ARM);
+    empty where the OS does not say."""
+    return _flags(_cpuinfo())
 
 
 def cpu_fingerprint() -> str:
@@ -41,5 +47,13 @@ def cpu_fingerprint() -> str:
     (XLA's executables) may use instructions another CPU lacks, so caches of it are kept apart
     per fingerprint (a home folder shared by machines)."""
     info = _cpuinfo()
-    text = "|".join((cpu_name(), info.get("flags", ""), platform.machine()))
+    text = "|".join((_name(info), " ".join(sorted(_flags(info))), platform.machine()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _name(info: Dict[str, str]) -> str:
+    return info.get("model name") or platform.processor() or platform.machine()
+
+
+def _flags(info: Dict[str, str]) -> Set[str]:
+    return set((info.get("flags") or info.get("Features") or "").split())
