@@ -54,7 +54,7 @@ def timer(device, x, k, geo, lowering):
     with tf.init_scope():
         with tf.device(_tf_device_name(device.name)):
             tx, tk = tf.constant(x), tf.constant(k)
-        fn = tf.function(lambda a, b: conv2d_geo(a, b, geo, lowering))
+        fn = tf.function(lambda a, b: conv2d_geo(a, b, geo, lowering), autograph=False)
 
     def run():
         with tf.init_scope(), tf.device(_tf_device_name(device.name)):

@@ -47,3 +47,27 @@ def test_block_waits_for_nested_results_and_skips_none():
     t = keras.ops.ones((3, 2))
     block([t, (None, [t * 2])])
     block(None)
+
+
+def test_steps_run_the_code_as_written_not_rewritten_by_autograph():
+    """TensorFlow's AutoGraph rewrites the source of every function a ``tf.function`` reaches
+    (1.7 s for a Winograd step's first call); the harness traces as Keras' own train step
+    does, without it. The lowering below records the file its code runs from: AutoGraph runs a
+    rewritten copy from a generated file. On JAX and PyTorch nothing is rewritten."""
+    import sys
+
+    from keras_cct.lowering.geometry import conv_geometry
+    from keras_cct.lowering.timing import make_step
+
+    files = []
+
+    def conv(x, kernel, geo):
+        files.append(sys._getframe().f_code.co_filename)
+        return keras.ops.conv(x, kernel, padding="valid")
+
+    geo = conv_geometry((2, 6, 6, 3), (3, 3, 3, 4))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 6, 6, 3)).astype("float32")
+    k = rng.standard_normal((3, 3, 3, 4)).astype("float32")
+    make_step(geo, conv, x, k)()
+    assert files and set(files) == {__file__}

@@ -221,14 +221,17 @@ def _plus(y, bias):
 def conv_step(conv: Callable, args: List[np.ndarray], r: np.ndarray, *, training: bool,
               jit_compile: bool, dtype: Optional[str]) -> Callable[[], None]:
     """One ``tf.function`` (XLA with ``jit_compile``); the loss and the first element of each
-    gradient are fetched, so nothing is pruned."""
+    gradient are fetched, so nothing is pruned. Traced without AutoGraph, as Keras' own train
+    step is (``do_not_convert``): AutoGraph rewrote the source of every keras_cct function the
+    step reached on its first call (36 functions, 1.7 s for a Winograd step; the planner's
+    first use of CaffeNet conv2 took 2.4 s, 0.3 s without)."""
     targs = [tf.cast(tf.constant(a), dtype or a.dtype) for a in args]
     tr = tf.cast(tf.constant(r), dtype or r.dtype)
 
     def first(t):
         return tf.reshape(t, [-1])[0]
 
-    @tf.function(jit_compile=jit_compile)
+    @tf.function(jit_compile=jit_compile, autograph=False)
     def run(rr, *ps):
         if not training:
             return first(conv(*ps))
@@ -262,11 +265,11 @@ def layer_steps(layer, args: list, dys: list):
     ``sum(y * dy)`` would add passes over the output to the backward)."""
     single = len(args) == 1
 
-    @tf.function
+    @tf.function(autograph=False)
     def forward(*a):
         return layer(a[0] if single else list(a))
 
-    @tf.function
+    @tf.function(autograph=False)
     def forward_backward(*a):
         with tf.GradientTape() as tape:
             tape.watch(a)
