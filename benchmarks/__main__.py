@@ -13,6 +13,8 @@ RQ4     hybrid CPU + OpenCL            :mod:`benchmarks.hybrid`
 RQ5     FLOPS proportionality          :mod:`benchmarks.flops`
 nets    whole nets vs PyTorch          :mod:`benchmarks.nets`
 convs   every conv vs Keras / PyTorch  :mod:`benchmarks.convs`
+first   first training step, per       :mod:`benchmarks.first_step`
+        process (planning, caches)
 ======  =============================  ==========================================
 
 Each part writes ``<part>.json``, ``<part>.md`` and ``<part>.png`` under ``--out`` (default
@@ -49,6 +51,8 @@ PARTS = {
     "nets": ("nets", "whole Caffe nets' training step: keras_cct vs Keras Conv2D vs PyTorch"),
     "convs": ("convs", "every CaffeNet/VGG16/ResNet-50/MobileNet convolution: keras_cct vs "
                        "Keras Conv2D vs PyTorch"),
+    "first_step": ("first", "a model's first training step, process after process: "
+                            "HybridConv2D (planning, its caches) vs keras Conv2D"),
 }
 
 
@@ -155,9 +159,20 @@ def _convs(d: dict) -> str:
     return "; ".join(parts) or "no complete result"
 
 
+def _first_step(d: dict) -> str:
+    parts = []
+    for run in d["runs"]:
+        h = [r["first_s"] for r in run["hybrid"]]
+        k = sorted(r["first_s"] for r in run["keras_conv2d"])
+        parts.append(f"{run['backend']} {run['dtype']}: HybridConv2D "
+                     + " / ".join(f"{v:.1f}" for v in h)
+                     + f" s in processes 1-{len(h)}, keras Conv2D {k[0]:.1f}-{k[-1]:.1f} s")
+    return "CaffeNet conv3-conv5's first step: " + ("; ".join(parts) or "no result")
+
+
 HEADLINES: Dict[str, Callable[[dict], str]] = {
     "batching": _rq1, "lowering": _rq2, "planner": _rq3, "hybrid": _rq4, "flops": _rq5,
-    "nets": _nets, "convs": _convs}
+    "nets": _nets, "convs": _convs, "first_step": _first_step}
 CCT = {
     "batching": "4.5x over Caffe at 8-16 cores",
     "lowering": "Type 1 best for d < o, Type 3 for d > o: crossover at d/o about 1",
@@ -166,6 +181,7 @@ CCT = {
     "flops": "throughput proportional to device FLOPS",
     "nets": "CaffeNet: CcT matched Caffe's GPU speed on a CPU (no PyTorch figure)",
     "convs": "(CcT compared with Caffe only; no per-layer Keras / PyTorch figure)",
+    "first_step": "(CcT chose lowerings by its cost model, timing nothing; no figure)",
 }
 
 

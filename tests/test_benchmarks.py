@@ -545,3 +545,32 @@ def test_convs_writes_what_is_done_when_a_run_stops(tmp_path, monkeypatch):
     page = (out / "convs.md").read_text()
     assert "**Partial**: 1 of 2 processes" in page and "## tiny, tensorflow, float32" in page
     assert not (out / "convs.png").exists()
+
+
+# ------------------------------------------------------------------------------ first step
+
+@pytest.mark.slow
+def test_first_step_two_processes(tmp_path):
+    """The first-step benchmark runs its processes: the first HybridConv2D process plans the
+    model's three shapes, the second reads them from the shared cache (plans nothing, picks
+    the same), each keras Conv2D process beside it; the report is written."""
+    from benchmarks import first_step
+    from keras_cct.lowering.names import ALL_LOWERINGS
+    data = first_step.main(["--backends", "tensorflow", "--dtypes", "float32",
+                            "--processes", "2", "--batch", "2", "--out", str(tmp_path)])
+    assert data["failures"] == [] and len(data["runs"]) == 1
+    run = data["runs"][0]
+    assert len(run["keras_conv2d"]) == len(run["hybrid"]) == 2
+    for r in run["keras_conv2d"] + run["hybrid"]:
+        assert _finite_positive(r["first_s"]) and _finite_positive(r["steady_s"])
+        assert math.isfinite(r["loss"])
+    one, two = run["hybrid"]
+    assert one["new_plans"] == 3 and two["new_plans"] == 0
+    assert one["picks"] == two["picks"] and set(one["picks"]) <= set(ALL_LOWERINGS)
+    for suffix in ("json", "md", "png"):
+        assert (tmp_path / f"first_step.{suffix}").stat().st_size > 500
+    md = (tmp_path / "first_step.md").read_text()
+    assert "| tensorflow | float32 | 2 |" in md
+    from benchmarks.__main__ import HEADLINES
+    line = HEADLINES["first_step"](data)
+    assert "tensorflow float32: HybridConv2D" in line and "processes 1-2" in line

@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Callable, List
+import os
+from pathlib import Path
+from typing import Callable, List, Optional
 
 import keras
 from keras import ops
 
 from keras_cct.lowering.geometry import ConvGeometry
+
+#: Set to ``0`` to leave the backends' on-disk caches of compiled XLA executables off
+#: (TensorFlow's persistent XLA cache, JAX's persistent compilation cache).
+XLA_CACHE_ENV = "KERAS_CCT_XLA_CACHE"
+
+
+def xla_cache_folder(name: str) -> Optional[Path]:
+    """``<cache_dir>/xla/<name>-<cpu fingerprint>``, made, for a backend's cache of compiled
+    XLA executables (``name``: the library and its version); None where ``$KERAS_CCT_XLA_CACHE``
+    is ``0`` or the folder cannot be made. One folder per CPU
+    (:func:`~keras_cct._system.cpu_fingerprint`): an executable may use instructions another
+    CPU lacks."""
+    from keras_cct._files import cache_dir
+    from keras_cct._system import cpu_fingerprint
+    if os.environ.get(XLA_CACHE_ENV, "1") == "0":
+        return None
+    path = cache_dir() / "xla" / f"{name}-{cpu_fingerprint()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path
 
 #: More groups than this (other than depthwise) use the backend's grouped convolution; up to
 #: it, the backends whose grouped convolution is slow on CPUs run the split form (one

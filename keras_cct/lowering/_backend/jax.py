@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable, List, Optional
 
 import jax
@@ -48,6 +49,33 @@ def _host_callback_threads() -> None:
 
 
 _host_callback_threads()
+
+
+def persistent_compile_cache() -> Optional[Path]:
+    """Turn on JAX's persistent compilation cache (``jax_compilation_cache_dir``) in
+    ``<cache_dir>/xla/jax-<jaxlib version>-<cpu>``
+    (:func:`~keras_cct.lowering._backend.common.xla_cache_folder`) and return that folder; None
+    where it is left off: ``$KERAS_CCT_XLA_CACHE=0``, a folder the user set already
+    (``$JAX_COMPILATION_CACHE_DIR`` or ``jax.config``), or one that cannot be made.
+
+    Keras compiles a JAX model's whole training step as one XLA program, in every process;
+    with HybridConv2D's Winograd layers it takes longer to compile than with keras Conv2D
+    (CaffeNet conv3-conv5 at batch 32 on an Intel Xeon, 2 cores: first step 2.7 s against
+    1.9; 0.7 s loaded from the cache in a later process: ``benchmarks.first_step``). JAX keeps
+    what took at least ``jax_persistent_cache_min_compile_time_secs`` (1 s unless set) to
+    compile, keyed by the program, JAX's version and the compile options, and it applies to
+    every compilation of the process once set. This runs when the module is imported, before
+    keras_cct compiles anything."""
+    if jax.config.jax_compilation_cache_dir:
+        return None
+    import jaxlib
+    path = common.xla_cache_folder(f"jax-{jaxlib.__version__}")
+    if path is not None:
+        jax.config.update("jax_compilation_cache_dir", str(path))
+    return path
+
+
+persistent_compile_cache()
 
 
 def fused(fn: Callable) -> Callable:

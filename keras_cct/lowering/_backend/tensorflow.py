@@ -9,8 +9,6 @@ from typing import Callable, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from keras_cct._files import cache_dir
-from keras_cct._system import cpu_fingerprint
 from keras_cct.lowering._backend import common, generic
 from keras_cct.lowering._backend.generic import *  # noqa: F401,F403
 from keras_cct.lowering.geometry import ConvGeometry
@@ -18,8 +16,6 @@ from keras_cct.lowering.geometry import ConvGeometry
 NAME = "tensorflow"
 __all__ = generic.__all__
 
-#: Set to ``0`` to leave TensorFlow's persistent XLA cache off (:func:`persistent_xla_cache`).
-XLA_CACHE_ENV = "KERAS_CCT_XLA_CACHE"
 #: The folder keras_cct put in ``TF_XLA_FLAGS``, beside it in the environment: a child process
 #: inherits both, and decides again from its own ``$KERAS_CCT_CACHE_DIR`` (a benchmark's
 #: process with an empty cache must not load its parent's executables).
@@ -29,30 +25,25 @@ _XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory="
 
 def persistent_xla_cache() -> Optional[Path]:
     """Turn on TensorFlow's on-disk cache of XLA executables (``TF_XLA_FLAGS``'
-    ``--tf_xla_persistent_cache_directory``), in ``<cache_dir>/xla/tf-<version>-<cpu>``, and
-    return that folder; None where it is left off: ``$KERAS_CCT_XLA_CACHE=0``, a cache folder
-    the user set already, or one that cannot be made.
+    ``--tf_xla_persistent_cache_directory``), in ``<cache_dir>/xla/tf-<version>-<cpu>``
+    (:func:`~keras_cct.lowering._backend.common.xla_cache_folder`), and return that folder;
+    None where it is left off: ``$KERAS_CCT_XLA_CACHE=0``, a cache folder the user set
+    already, or one that cannot be made.
 
     Winograd's transforms run as XLA clusters (:func:`fused`), which TensorFlow compiles per
     shape in every process: CaffeNet conv4 at batch 32 (Intel Xeon, 2 cores) 0.3-0.5 s for
     each of its four, 0.05-0.1 s each loaded from the cache in a later process. TensorFlow
     reads the flag at its first XLA compilation, so this runs when the module is imported, and
-    it applies to every XLA compilation of the process (a model's ``jit_compile`` too). The
-    folder is per TensorFlow version and per CPU (:func:`~keras_cct._system.cpu_fingerprint`):
-    an executable may use instructions another CPU lacks."""
+    it applies to every XLA compilation of the process (a model's ``jit_compile`` too)."""
     flags = os.environ.get("TF_XLA_FLAGS", "")
     inherited = os.environ.pop(_XLA_CACHE_SET, None)
     if inherited:  # a parent's keras_cct set it: this process chooses its own
         flags = " ".join(f for f in flags.split() if f != _XLA_CACHE_FLAG + inherited)
         _set_env("TF_XLA_FLAGS", flags)
-    if os.environ.get(XLA_CACHE_ENV, "1") == "0" or _XLA_CACHE_FLAG[2:] in flags:
+    if _XLA_CACHE_FLAG[2:] in flags:
         return None
-    path = cache_dir() / "xla" / f"tf-{tf.__version__}-{cpu_fingerprint()}"
-    if any(ch.isspace() for ch in str(path)):  # TF_XLA_FLAGS is split at whitespace
-        return None
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    path = common.xla_cache_folder(f"tf-{tf.__version__}")
+    if path is None or any(ch.isspace() for ch in str(path)):  # TF_XLA_FLAGS splits at spaces
         return None
     _set_env("TF_XLA_FLAGS", f"{flags} {_XLA_CACHE_FLAG}{path}".strip())
     os.environ[_XLA_CACHE_SET] = str(path)

@@ -1,0 +1,233 @@
+"""Benchmark: a model's first training step, process after process -- what a user waits for
+before training starts. HybridConv2D plans each layer shape on its first use (a race of
+candidates, :mod:`keras_cct.lowering.planner`) and caches the choice on disk; on TensorFlow
+Winograd's compiled XLA clusters are cached there too. The same model with keras Conv2D is
+the anchor.
+
+The model: CaffeNet's conv3-conv5 (13x13x256 in, batch 32: its 3x3 layers, where a first use
+costs most: Winograd is compiled), each with a ReLU, then global average pooling and a
+Dense(10), SGD, random data. Each process builds one model, times its first
+``train_on_batch`` (tracing, compiling and, for HybridConv2D, planning included) and the best
+of five more (the steady step). HybridConv2D's processes share one cache folder, empty at the
+start (``KERAS_CCT_CACHE_DIR``): the first plans, later ones read what it wrote. Each keras
+Conv2D process runs right before the HybridConv2D process of the same index, with an empty
+cache folder of its own.
+
+Run::
+
+    python -m benchmarks.first_step [--backends tensorflow,jax,torch] [--dtypes float32,bfloat16]
+        [--processes 4] [--batch 32] [--out docs/benchmarks] [--quick]
+
+``--quick`` (the suite's smoke run): TensorFlow, float32, two processes at batch 8.
+
+Writes ``first_step.json``, ``.md`` and ``.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from benchmarks.common import (DEFAULT_OUT, cpu_info, library_versions, markdown_table,
+                               spawn_config, write_results)
+
+KINDS = ("keras_conv2d", "hybrid")
+LAYERS = (("conv3", 384, 1), ("conv4", 384, 2), ("conv5", 256, 2))  # name, filters, groups
+INPUT = (13, 13, 256)
+STEADY_STEPS = 5
+
+
+# ------------------------------------------------------------------------------ one process
+
+def build(kind: str, batch: int):
+    """CaffeNet conv3-conv5 with keras Conv2D or HybridConv2D, compiled for training."""
+    import keras
+    from keras_cct import HybridConv2D
+    conv = HybridConv2D if kind == "hybrid" else keras.layers.Conv2D
+    layers = [keras.Input(INPUT, batch_size=batch)]
+    layers += [conv(filters, 3, padding="same", groups=groups, activation="relu", name=name)
+               for name, filters, groups in LAYERS]
+    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
+    model = keras.Sequential(layers)
+    model.compile(keras.optimizers.SGD(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _cache_files() -> Dict[str, int]:
+    """Planner entries and XLA executables in this process' cache folder."""
+    import json
+    from keras_cct._files import cache_dir
+    root = cache_dir()
+    plans = 0
+    if (root / "planner.json").exists():
+        plans = len(json.loads((root / "planner.json").read_text()).get("entries", {}))
+    xla = sum(1 for p in (root / "xla").rglob("*") if p.is_file()) if (root / "xla").exists() \
+        else 0
+    return {"plans": plans, "xla_executables": xla}
+
+
+def run_config(spec: dict) -> dict:
+    """One process: ``spec`` = ``{"kind", "batch", "dtype"}``; the first step's and the steady
+    step's seconds, and for HybridConv2D its picks and the cache's growth."""
+    import keras
+    if spec["dtype"] == "bfloat16":
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((spec["batch"],) + INPUT, dtype=np.float32)
+    y = rng.integers(0, 10, spec["batch"])
+    before = _cache_files()
+    model = build(spec["kind"], spec["batch"])
+    t0 = time.perf_counter()
+    model.train_on_batch(x, y)
+    first = time.perf_counter() - t0
+    steady = float("inf")
+    for _ in range(STEADY_STEPS):
+        t0 = time.perf_counter()
+        loss = model.train_on_batch(x, y)
+        steady = min(steady, time.perf_counter() - t0)
+    after = _cache_files()
+    out = {"kind": spec["kind"], "first_s": first, "steady_s": steady,
+           "loss": float(np.asarray(loss).reshape(-1)[0])}
+    if spec["kind"] == "hybrid":
+        out["picks"] = [model.get_layer(name).chosen_lowering for name, _, _ in LAYERS]
+        out["new_plans"] = after["plans"] - before["plans"]
+        out["new_xla_executables"] = after["xla_executables"] - before["xla_executables"]
+    return out
+
+
+# ------------------------------------------------------------------------------ the report
+
+def render(data: dict) -> str:
+    cpu = data["machine"]["cpu"]
+    lines = ["# First training step, process after process: HybridConv2D vs keras Conv2D", "",
+             f"Command: `{data['command']}` ({data['when']}, {data['seconds']:.0f} s).", "",
+             f"Machine: **{cpu['model']}**, {cpu['logical_cores']} logical cores "
+             f"({cpu['usable_cores']} usable), vector units: {cpu['vector_units']}, matrix "
+             f"units: {cpu['matrix_units']}. Libraries: " + ", ".join(
+                 f"{k} {v}" for k, v in data["machine"]["versions"].items()) + ".", "",
+             "Model: CaffeNet conv3-conv5 (13x13x256 in, batch "
+             f"{data['batch']}), ReLU, global average pooling, Dense(10), SGD. Each row is one "
+             "process: its first `train_on_batch` (tracing, compiling and HybridConv2D's "
+             "planning included) and the best of five more. HybridConv2D's processes share "
+             "one cache folder, empty before process 1; each keras Conv2D process runs just "
+             "before the HybridConv2D process of the same index. new plans / new XLA "
+             "executables: what the process added to that cache.", ""]
+    rows = []
+    for run in data["runs"]:
+        for i, (k, h) in enumerate(zip(run["keras_conv2d"], run["hybrid"]), 1):
+            rows.append([run["backend"], run["dtype"], i, k["first_s"], h["first_s"],
+                         ", ".join(h["picks"]), h["new_plans"], h["new_xla_executables"],
+                         k["steady_s"] * 1e3, h["steady_s"] * 1e3])
+    lines.append(markdown_table(
+        ["backend", "dtype", "process", "keras Conv2D first step s", "HybridConv2D first step s",
+         "HybridConv2D picks (conv3, conv4, conv5)", "new plans", "new XLA executables",
+         "keras Conv2D steady ms", "HybridConv2D steady ms"], rows))
+    for fail in data["failures"]:
+        lines.append(f"- failed: {fail['backend']} {fail['dtype']} {fail['kind']} process "
+                     f"{fail['process']}: {fail['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = data["runs"] or [None]
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.6 * len(runs) + 1, 3.4), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        if run is None:
+            continue
+        n = len(run["hybrid"])
+        xs = np.arange(1, n + 1)
+        ax.bar(xs - 0.2, [r["first_s"] for r in run["keras_conv2d"]], 0.4,
+               label="keras Conv2D")
+        ax.bar(xs + 0.2, [r["first_s"] for r in run["hybrid"]], 0.4, label="HybridConv2D")
+        ax.set_yscale("log")
+        ax.set_xticks(xs)
+        ax.set_xlabel("process", fontsize=8)
+        ax.set_ylabel("first training step (s)", fontsize=8)
+        ax.set_title(f"{run['backend']} {run['dtype']}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ the parent
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.first_step",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backends", default="tensorflow,jax,torch")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--quick", action="store_true",
+                        help="TensorFlow, float32, two processes at batch 8 (a smoke test)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.backends, args.dtypes, args.processes, args.batch = "tensorflow", "float32", 2, 8
+    from tqdm import tqdm
+    jobs = [(b, d) for b in args.backends.split(",") for d in args.dtypes.split(",")]
+    t0 = time.perf_counter()
+    runs, failures = [], []
+    out = args.out.resolve()
+    with tqdm(total=len(jobs) * args.processes * len(KINDS), desc="first_step",
+              unit="process") as bar:
+        for backend, dtype in jobs:
+            shared = tempfile.mkdtemp(prefix="cct-first-step-")
+            run = {"backend": backend, "dtype": dtype, "keras_conv2d": [], "hybrid": []}
+            done = 0
+            try:
+                for i in range(1, args.processes + 1):
+                    for kind in KINDS:
+                        bar.set_postfix_str(f"{backend} {dtype} {kind} {i}")
+                        own = tempfile.mkdtemp(prefix="cct-first-step-") \
+                            if kind == "keras_conv2d" else shared
+                        try:
+                            run[kind].append(spawn_config(
+                                "benchmarks.first_step",
+                                {"kind": kind, "batch": args.batch, "dtype": dtype},
+                                backend=backend, timeout=args.timeout,
+                                env={"KERAS_CCT_CACHE_DIR": own},
+                                log_path=out / "logs" / f"first_step-{backend}-{dtype}-"
+                                                        f"{kind}-{i}.log"))
+                        finally:
+                            if own != shared:
+                                shutil.rmtree(own, ignore_errors=True)
+                        bar.update(1)
+                        done += 1
+                runs.append(run)
+            except RuntimeError as exc:
+                failures.append({"backend": backend, "dtype": dtype, "kind": kind,
+                                 "process": i, "error": str(exc)})
+                tqdm.write(f"{backend} {dtype}: {exc}", file=sys.stderr)
+                bar.update(args.processes * len(KINDS) - done)  # the job's remaining ones
+            finally:
+                shutil.rmtree(shared, ignore_errors=True)
+    data = {"command": "python -m benchmarks.first_step " + " ".join(
+                sys.argv[1:] if argv is None else argv),
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "seconds": time.perf_counter() - t0, "batch": args.batch,
+            "processes": args.processes,
+            "machine": {"cpu": cpu_info(), "versions": library_versions()},
+            "runs": runs, "failures": failures}
+    md = render(data)
+    write_results(out, "first_step", data, md)
+    plot(data, out / "first_step.png")
+    print(md)
+    return data
+
+
+if __name__ == "__main__":
+    main()
