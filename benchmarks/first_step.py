@@ -11,7 +11,8 @@ Dense(10), SGD, random data. Each process builds one model, times its first
 of five more (the steady step). HybridConv2D's processes share one cache folder, empty at the
 start (``KERAS_CCT_CACHE_DIR``): the first plans, later ones read what it wrote. Each keras
 Conv2D process runs right before the HybridConv2D process of the same index, with an empty
-cache folder of its own.
+cache folder of its own and keras_cct's XLA caches off (``KERAS_CCT_XLA_CACHE=0``: JAX's
+persistent compilation cache is off unless a user turns it on).
 
 Run::
 
@@ -118,7 +119,8 @@ def render(data: dict) -> str:
              "process: its first `train_on_batch` (tracing, compiling and HybridConv2D's "
              "planning included) and the best of five more. HybridConv2D's processes share "
              "one cache folder, empty before process 1; each keras Conv2D process runs just "
-             "before the HybridConv2D process of the same index. new plans / new XLA "
+             "before the HybridConv2D process of the same index, keras_cct's XLA caches off. "
+             "new plans / new XLA "
              "executables: what the process added to that cache.", ""]
     rows = []
     for run in data["runs"]:
@@ -140,11 +142,13 @@ def plot(data: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    runs = data["runs"] or [None]
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.6 * len(runs) + 1, 3.4), squeeze=False)
-    for ax, run in zip(axes[0], runs):
-        if run is None:
-            continue
+    runs = data["runs"]
+    cols = max(1, min(3, len(runs)))
+    rows = max(1, -(-len(runs) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(runs):]:
+        ax.axis("off")
+    for ax, run in zip(axes.flat, runs):
         n = len(run["hybrid"])
         xs = np.arange(1, n + 1)
         ax.bar(xs - 0.2, [r["first_s"] for r in run["keras_conv2d"]], 0.4,
@@ -199,7 +203,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
                                 "benchmarks.first_step",
                                 {"kind": kind, "batch": args.batch, "dtype": dtype},
                                 backend=backend, timeout=args.timeout,
-                                env={"KERAS_CCT_CACHE_DIR": own},
+                                env={"KERAS_CCT_CACHE_DIR": own, **(
+                                    {} if kind == "hybrid" else {"KERAS_CCT_XLA_CACHE": "0"})},
                                 log_path=out / "logs" / f"first_step-{backend}-{dtype}-"
                                                         f"{kind}-{i}.log"))
                         finally:
