@@ -1,8 +1,11 @@
-"""TensorFlow's persistent XLA cache, turned on by keras_cct's TensorFlow backend module
-(``keras_cct.lowering._backend.tensorflow.persistent_xla_cache``): Winograd's XLA clusters
-written to disk in one process and loaded in the next compute the same convolution and
-gradients as a float64 numpy reference; ``$KERAS_CCT_XLA_CACHE=0`` and a user's own cache
-folder leave it off. Each case runs fresh processes (TensorFlow reads the flag once)."""
+"""The backends' on-disk caches of compiled XLA executables, turned on by keras_cct's backend
+modules: TensorFlow's persistent XLA cache (``keras_cct.lowering._backend.tensorflow.
+persistent_xla_cache``: Winograd's XLA clusters) and JAX's persistent compilation cache
+(``keras_cct.lowering._backend.jax.persistent_compile_cache``: a jitted Winograd step). What
+one process writes, the next loads (nothing new written), and both compute the convolution and
+its gradients as a float64 numpy reference; ``$KERAS_CCT_XLA_CACHE=0`` and a user's own cache
+folder leave them off. Each case runs fresh processes (the libraries read the setting once);
+each backend's cases run with that backend's suite."""
 
 import json
 import os
@@ -16,15 +19,15 @@ import pytest
 
 from tests import reference as ref
 
-if keras.backend.backend() != "tensorflow":
-    pytest.skip("the TensorFlow backend's cache (its own processes): run with the TF suite",
-                allow_module_level=True)
-
 ROOT = Path(__file__).resolve().parents[2]
+tf_only = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                             reason="TensorFlow's cache (its own processes): the TF suite")
+jax_only = pytest.mark.skipif(keras.backend.backend() != "jax",
+                              reason="JAX's cache (its own processes): the JAX suite")
 
 #: One process: Winograd F(2x2) and F(4x4) forward and gradients on TensorFlow, the results and
 #: TF_XLA_FLAGS as keras_cct left them printed as JSON.
-SCRIPT = """
+TF_SCRIPT = """
 import json, os, sys
 import numpy as np
 import tensorflow as tf
@@ -56,25 +59,36 @@ def case(tmp_path_factory):
     return path, x, k, dy
 
 
-def _run(case_path, cache, **env):
-    full = {k: v for k, v in os.environ.items()
-            if k not in ("TF_XLA_FLAGS", "KERAS_CCT_XLA_CACHE", "KERAS_CCT_XLA_CACHE_SET")}
-    full.update(KERAS_BACKEND="tensorflow", KERAS_CCT_CACHE_DIR=str(cache),
-                PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", **env)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(case_path)], env=full,
+def _process(script, case_path, cache, unset, **env):
+    """``script`` in a fresh process (the variables ``unset`` removed, ``env`` added); its
+    last printed line, parsed."""
+    full = {k: v for k, v in os.environ.items() if k not in unset}
+    full.update(KERAS_CCT_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), **env)
+    proc = subprocess.run([sys.executable, "-c", script, str(case_path)], env=full,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _check(out, x, k, dy):
+def _run(case_path, cache, **env):
+    return _process(TF_SCRIPT, case_path, cache,
+                    ("TF_XLA_FLAGS", "KERAS_CCT_XLA_CACHE", "KERAS_CCT_XLA_CACHE_SET"),
+                    KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", **env)
+
+
+def _want(x, k, dy):
+    """The convolution (padding 1) and its input and kernel gradients, in float64."""
     x64, k64, dy64 = (a.astype(np.float64) for a in (x, k, dy))
-    want = [ref.conv2d(x64, k64, padding=1), *ref.conv2d_grads(x64, k64, dy64, padding=1)[:2]]
+    return [ref.conv2d(x64, k64, padding=1), *ref.conv2d_grads(x64, k64, dy64, padding=1)[:2]]
+
+
+def _check(out, x, k, dy):
     for tile, tol in (("2", 1e-5), ("4", 1e-4)):
-        for got, ref_value in zip(out[tile], want):
+        for got, ref_value in zip(out[tile], _want(x, k, dy)):
             assert ref.rel_err(np.asarray(got), ref_value) < tol
 
 
+@tf_only
 def test_executables_written_once_and_loaded_in_a_later_process(case, tmp_path):
     path, x, k, dy = case
     first = _run(path, tmp_path)
@@ -89,6 +103,7 @@ def test_executables_written_once_and_loaded_in_a_later_process(case, tmp_path):
     _check(second, x, k, dy)
 
 
+@tf_only
 def test_off_when_asked_or_when_the_user_set_a_folder(case, tmp_path):
     path, x, k, dy = case
     out = _run(path, tmp_path / "a", KERAS_CCT_XLA_CACHE="0")
@@ -101,6 +116,7 @@ def test_off_when_asked_or_when_the_user_set_a_folder(case, tmp_path):
     assert not (tmp_path / "b" / "xla").exists() and any(mine.iterdir())
 
 
+@tf_only
 def test_a_child_process_uses_its_own_cache_folder(case, tmp_path):
     """TF_XLA_FLAGS as a parent's keras_cct left it (the marker beside it): a child with another
     $KERAS_CCT_CACHE_DIR (a benchmark's process with an empty cache) uses its own folder."""
@@ -113,3 +129,67 @@ def test_a_child_process_uses_its_own_cache_folder(case, tmp_path):
     assert out["flags"] == f"--tf_xla_min_cluster_size=4 --tf_xla_persistent_cache_directory={mine}"
     assert any(mine.iterdir()) and not parent.exists()
     _check(out, x, k, dy)
+
+
+# ---------------------------------------------------------------------- JAX
+
+#: One process: a jitted Winograd F(2x2) forward and gradients on JAX; the results and the
+#: cache folder JAX was left with, printed as JSON.
+JAX_SCRIPT = """
+import json, sys
+import numpy as np
+import jax, jax.numpy as jnp
+from keras_cct.lowering.geometry import conv_geometry
+from keras_cct.lowering.winograd import winograd_conv2d
+x, k, dy = (np.load(sys.argv[1])[n] for n in ("x", "k", "dy"))
+geo = conv_geometry(x.shape, k.shape, padding=1)
+def loss(xx, kk):
+    y = winograd_conv2d(xx, kk, geo, tile=2)
+    return jnp.sum(y * dy), y
+(_, y), (dx, dk) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(x, k)
+print(json.dumps({"dir": jax.config.jax_compilation_cache_dir,
+                  "out": [np.asarray(v).tolist() for v in (y, dx, dk)]}))
+"""
+
+
+def _run_jax(case_path, cache, **env):
+    # every compilation kept, however short (JAX keeps those of 1 s or more unless told)
+    return _process(JAX_SCRIPT, case_path, cache,
+                    ("JAX_COMPILATION_CACHE_DIR", "KERAS_CCT_XLA_CACHE"), KERAS_BACKEND="jax",
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **env)
+
+
+def _check_jax(out, x, k, dy):
+    for got, ref_value in zip(out["out"], _want(x, k, dy)):
+        assert ref.rel_err(np.asarray(got), ref_value) < 1e-5
+
+
+def _files(folder: Path) -> list:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+@jax_only
+def test_jax_step_written_once_and_loaded_in_a_later_process(case, tmp_path):
+    path, x, k, dy = case
+    first = _run_jax(path, tmp_path)
+    (folder,) = (tmp_path / "xla").iterdir()
+    assert folder.name.startswith("jax-") and first["dir"] == str(folder)
+    written = _files(folder)
+    assert written, "nothing was cached"
+    _check_jax(first, x, k, dy)
+    second = _run_jax(path, tmp_path)                # the same programs: loaded, none compiled
+    assert second["dir"] == str(folder) and _files(folder) == written
+    _check_jax(second, x, k, dy)
+
+
+@jax_only
+def test_jax_cache_off_when_asked_or_when_the_user_set_a_folder(case, tmp_path):
+    path, x, k, dy = case
+    out = _run_jax(path, tmp_path / "a", KERAS_CCT_XLA_CACHE="0")
+    assert out["dir"] is None and not (tmp_path / "a" / "xla").exists()
+    _check_jax(out, x, k, dy)
+    mine = tmp_path / "mine"
+    out = _run_jax(path, tmp_path / "b", JAX_COMPILATION_CACHE_DIR=str(mine))
+    assert out["dir"] == str(mine) and not (tmp_path / "b" / "xla").exists()
+    assert _files(mine)
+    _check_jax(out, x, k, dy)
