@@ -209,6 +209,44 @@ def test_native_in_float32_with_explicit_padding(case):
         assert ref.rel_err(got.astype(np.float64), want) < 1e-5
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="TensorFlow's grouped Conv2D or the split form")
+@pytest.mark.parametrize("grouped_op", [True, False])
+@pytest.mark.parametrize("case", ["groups2_s2_p1", "groups4_even", "wide_groups_s2"])
+def test_tensorflow_native_grouped_both_forms(case, grouped_op, monkeypatch):
+    """TensorFlow's ``native`` grouped layers in float32: one grouped ``Conv2D`` (where oneDNN
+    computes its gradients; explicit padding padded first) or, where it does not, the split
+    form -- both against the float64 convolution, output and both gradients."""
+    from keras_cct.lowering._backend import tensorflow as tf_backend
+    if grouped_op and not tf_backend.grouped_conv2d_works("float32"):
+        pytest.skip("TensorFlow's grouped Conv2D has no gradient here (oneDNN off)")
+    monkeypatch.setattr(tf_backend, "grouped_conv2d_works", lambda dtype: grouped_op)
+    kwargs = CASES[case][2]
+    x, k, dy, (y_ref, dx_ref, dk_ref) = _reference(case, 5)
+    f32 = [a.astype(np.float32) for a in (x, k, dy)]
+    y, dx, dk = _run("native", f32[0], f32[1], kwargs, f32[2])
+    for got, want in ((y, y_ref), (dx, dx_ref), (dk, dk_ref)):
+        assert ref.rel_err(got.astype(np.float64), want) < 1e-5
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's kernels")
+def test_tensorflow_grouped_conv2d_probe_without_onednn():
+    """With oneDNN off TensorFlow's CPU kernels have no grouped gradients: the probe says so
+    for float32, and float64 never has them, so ``native`` takes the split form there."""
+    import os
+    import subprocess
+    import sys
+    code = ("from keras_cct.lowering._backend import tensorflow as t; "
+            "print(t.grouped_conv2d_works('float32'), t.grouped_conv2d_works('float64'))")
+    from tests.conftest import ROOT
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["False", "False"]
+
+
 @pytest.mark.parametrize("case", ["asym_pad_s32", "k11_s4", "k7_s2_p3", "groups2_s2_p1",
                                   "stride_and_dilation", "k4x6_s2_asym"])
 def test_native_in_bfloat16_with_explicit_padding(case):

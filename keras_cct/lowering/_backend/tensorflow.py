@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -136,19 +137,28 @@ def segment_sum(data, segment_ids, num_segments: int):
 
 def native_conv(x, kernel, geo: ConvGeometry, bias=None):
     """``tf.nn.conv2d`` (oneDNN on x86 CPUs) with Caffe's explicit padding passed to the op (no
-    padded copy). Grouped convolutions use the *split form*: one ``tf.split`` of the input and
-    of the kernel, one convolution per group, one ``concat`` -- TensorFlow's own grouped
-    ``Conv2D`` is not a oneDNN convolution on CPUs and trains 7-9x slower (CaffeNet conv2: 967 ms
-    against 104 ms forward+backward at batch 32); ``tf.split`` is one op whose gradient is one
-    ``concat``, where per-group slices cost a zero-filled scatter each in the backward.
-    Depthwise convolutions (one input channel per group) use ``tf.nn.depthwise_conv2d``.
-    ``bias`` is added by ``tf.nn.bias_add`` right after each convolution (each group's own
-    slice), the pattern TensorFlow's oneDNN rewrite fuses into the convolution (``ONEDNN_VERBOSE``
-    shows the bias in the forward and backward-weights primitives); added after the ``concat``
-    it could not be fused (CaffeNet conv2, bfloat16, batch 32, against the Keras split whose
-    Conv2D layers each add their bias: 55.3 / 54.9 ms against 53.9 / 53.1 before, 55.3 / 55.0 /
-    55.3 against 54.0 / 55.6 / 54.8 after).
-    Strides with dilation (Caffe allows them, TensorFlow does not): stride 1, every s-th
+    padded copy). Grouped convolutions are TensorFlow's own grouped ``Conv2D`` (one oneDNN
+    convolution) where it computes its gradients (:func:`grouped_conv2d_works`: float32 and
+    bfloat16 with oneDNN), with explicit padding as a ``tf.pad`` first (TensorFlow's grouped
+    kernel gradient fails on explicit padding); ``HybridConv2D(lowering="native")``
+    forward+backward with the bias, TF 2.21 on an Intel Xeon (AMX), 2 threads, interleaved, best
+    of 4 rounds (ms, split form -> grouped, float32 / bfloat16): CaffeNet conv2 at batch 32
+    125.4 -> 122.9 / 28.9 -> 28.0, conv4 68.7 -> 67.6 / 18.4 -> 17.7, conv5 47.7 -> 46.0 / 13.4
+    -> 12.9; 8x56x56x128 3x3 at 4 groups 26.1 -> 22.6 / 11.2 -> 8.1 and at 16 groups 24.2 ->
+    13.8 / 19.0 -> 10.9; 8x28x28x256 at 8 groups, stride 2, padding 1 7.6 -> 6.1 / 7.0 -> 5.0.
+    (keras Conv2D's grouped layers on TensorFlow's CPUs are an XLA cluster instead: 398 ms for
+    conv5.) Elsewhere (oneDNN off, ``TF_ENABLE_ONEDNN_OPTS=0``, or float64: "Gradients for
+    grouped convolutions are not supported on CPU"; dilated layers) the *split form*: one
+    ``tf.split`` of the input and of the kernel, one convolution per group, one ``concat``
+    (``tf.split`` is one op whose gradient is one ``concat``, where per-group slices cost a
+    zero-filled scatter each in the backward). Depthwise convolutions (one input channel per
+    group) use ``tf.nn.depthwise_conv2d``. ``bias`` is added by ``tf.nn.bias_add`` right after
+    each convolution (in the split form each group's own slice), the pattern TensorFlow's oneDNN
+    rewrite fuses into the convolution (``ONEDNN_VERBOSE`` shows the bias in the forward and
+    backward-weights primitives); added after the ``concat`` it could not be fused (CaffeNet
+    conv2, bfloat16, batch 32, against the Keras split whose Conv2D layers each add their bias:
+    55.3 / 54.9 ms against 53.9 / 53.1 before, 55.3 / 55.0 / 55.3 against 54.0 / 55.6 / 54.8
+    after). Strides with dilation (Caffe allows them, TensorFlow does not): stride 1, every s-th
     output kept. In bfloat16, explicit padding is a ``tf.pad`` before a ``VALID`` convolution:
     TF's bfloat16 Conv2D with explicit padding is not oneDNN's and trained 13-46x slower
     (forward+backward with the loss fetched, on a busy machine: MobileNet conv1 204 ms against
@@ -183,16 +193,36 @@ def native_conv(x, kernel, geo: ConvGeometry, bias=None):
             def conv(inp, k):
                 return tf.nn.conv2d(inp, k, strides, padding)
 
-        if common.split_groups(geo):
+        if geo.groups > 1 and (max(dilation) > 1 or not grouped_conv2d_works(x.dtype.name)):
             xs = tf.split(x, geo.groups, axis=-1)
             ks = tf.split(kernel, geo.groups, axis=-1)
             bs = [None] * geo.groups if bias is None else tf.split(bias, geo.groups)
             y = tf.concat([_plus(conv(a, k), b) for a, k, b in zip(xs, ks, bs)], axis=-1)
         else:
+            if geo.groups > 1 and not isinstance(padding, str):
+                x, padding = tf.pad(x, padding), "VALID"
             y = _plus(conv(x, kernel), bias)
     if subsample:
         y = y[:, ::geo.sh, ::geo.sw, :]
     return y
+
+
+@functools.lru_cache(maxsize=None)
+def grouped_conv2d_works(dtype: str) -> bool:
+    """Whether TensorFlow's ``Conv2D`` computes a grouped convolution's gradients here in
+    ``dtype`` (once per process and dtype, on a tiny one): oneDNN's kernels (on by default on
+    x86 CPUs; float32 and bfloat16) do; TensorFlow's others (``TF_ENABLE_ONEDNN_OPTS=0``,
+    float64) raise "Gradients for grouped convolutions are not supported on CPU"."""
+    with tf.init_scope():  # eagerly, also when asked while a function is traced
+        x, k, dy = (tf.ones(s, dtype) for s in ((1, 5, 5, 4), (3, 3, 2, 2), (1, 3, 3, 2)))
+        try:
+            tf.raw_ops.Conv2DBackpropInput(input_sizes=[1, 5, 5, 4], filter=k, out_backprop=dy,
+                                           strides=[1, 1, 1, 1], padding="VALID")
+            tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=[3, 3, 2, 2], out_backprop=dy,
+                                            strides=[1, 1, 1, 1], padding="VALID")
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+            return False
+    return True
 
 
 def _pad_first(geo: ConvGeometry) -> bool:
