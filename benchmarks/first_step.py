@@ -191,7 +191,6 @@ def main(argv: Optional[List[str]] = None) -> dict:
         for backend, dtype in jobs:
             shared = tempfile.mkdtemp(prefix="cct-first-step-")
             run = {"backend": backend, "dtype": dtype, "keras_conv2d": [], "hybrid": []}
-            done = 0
             try:
                 for i in range(1, args.processes + 1):
                     for kind in KINDS:
@@ -211,12 +210,12 @@ def main(argv: Optional[List[str]] = None) -> dict:
                             if own != shared:
                                 shutil.rmtree(own, ignore_errors=True)
                         bar.update(1)
-                        done += 1
                 runs.append(run)
             except RuntimeError as exc:
                 failures.append({"backend": backend, "dtype": dtype, "kind": kind,
                                  "process": i, "error": str(exc)})
                 tqdm.write(f"{backend} {dtype}: {exc}", file=sys.stderr)
+                done = sum(len(run[k]) for k in KINDS)
                 bar.update(args.processes * len(KINDS) - done)  # the job's remaining ones
             finally:
                 shutil.rmtree(shared, ignore_errors=True)
