@@ -71,7 +71,8 @@ class LoweringError(KerasCCTError, ValueError):
 
 
 class PlannerCacheWarning(UserWarning):
-    """The planner's on-disk cache was unreadable or stale and was ignored."""
+    """The planner's on-disk cache was unreadable or stale and was ignored, or a setting of
+    keras_cct's caches (such as ``$KERAS_CCT_XLA_CACHE_MB``) was not understood."""
 
 
 class DeviceError(KerasCCTError, RuntimeError):

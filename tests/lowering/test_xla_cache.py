@@ -5,7 +5,8 @@ persistent_xla_cache``: Winograd's XLA clusters) and JAX's persistent compilatio
 one process writes, the next loads (nothing new written), and both compute the convolution and
 its gradients as a float64 numpy reference; ``$KERAS_CCT_XLA_CACHE=0`` and a user's own cache
 folder leave them off. Each case runs fresh processes (the libraries read the setting once);
-each backend's cases run with that backend's suite."""
+each backend's cases run with that backend's suite. The folder they share is trimmed to a size
+bound (least recently used files first) whenever a backend turns its cache on."""
 
 import json
 import os
@@ -193,3 +194,60 @@ def test_jax_cache_off_when_asked_or_when_the_user_set_a_folder(case, tmp_path):
     assert out["dir"] == str(mine) and not (tmp_path / "b" / "xla").exists()
     assert _files(mine)
     _check_jax(out, x, k, dy)
+
+
+# ------------------------------------------------------------------ the folder's size bound
+
+def _aged_files(folder: Path, sizes_kb, start: float = 1_000_000.0) -> list:
+    """Files of ``sizes_kb`` KiB under ``folder``'s subfolders, the first the least recently
+    used (access and modification times one hour apart)."""
+    paths = []
+    for i, kb in enumerate(sizes_kb):
+        path = folder / ("tf-old-cpu" if i % 2 else "jax-new-cpu") / f"exe{i}.pb"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\0" * (kb << 10))
+        os.utime(path, (start + 3600 * i, start + 3600 * i))
+        paths.append(path)
+    return paths
+
+
+def test_prune_deletes_least_recently_used_until_under_the_bound(tmp_path):
+    from keras_cct.lowering._backend.common import prune_xla_cache
+    paths = _aged_files(tmp_path, [40, 10, 30, 20, 50])  # 150 KiB, oldest first
+    removed = prune_xla_cache(tmp_path, 80 << 10)
+    assert removed == paths[:3]  # 150 - 40 - 10 - 30 = 70 KiB <= 80
+    assert [p.exists() for p in paths] == [False, False, False, True, True]
+    # a file read recently counts as used: its access time is what keeps it
+    os.utime(paths[3], (3_000_000_000, os.stat(paths[3]).st_mtime))
+    assert prune_xla_cache(tmp_path, 25 << 10) == [paths[4]]
+    assert paths[3].exists()
+
+
+def test_prune_no_limit_or_no_folder_deletes_nothing(tmp_path):
+    from keras_cct.lowering._backend.common import prune_xla_cache
+    paths = _aged_files(tmp_path, [10, 10])
+    assert prune_xla_cache(tmp_path, 0) == []
+    assert prune_xla_cache(tmp_path / "missing", 1) == []
+    assert all(p.exists() for p in paths)
+
+
+def test_cache_folder_trims_the_xla_folder_and_nothing_else(tmp_path, monkeypatch):
+    """What a backend module runs at import: the bound from ``$KERAS_CCT_XLA_CACHE_MB``, on
+    ``<cache_dir>/xla`` only (the planner's choices beside it are kept)."""
+    from keras_cct.errors import PlannerCacheWarning
+    from keras_cct.lowering._backend import common
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path))
+    planner = tmp_path / "planner.json"
+    planner.write_bytes(b"{}" * 100_000)
+    os.utime(planner, (1.0, 1.0))
+    paths = _aged_files(tmp_path / "xla", [512, 512, 512, 512])  # 2 MiB
+    monkeypatch.setenv(common.XLA_CACHE_MB_ENV, "1.2")
+    folder = common.xla_cache_folder("tf-9.9")
+    assert folder.is_dir() and folder.parent == tmp_path / "xla"
+    assert [p.exists() for p in paths] == [False, False, True, True] and planner.exists()
+    monkeypatch.setenv(common.XLA_CACHE_MB_ENV, "0")
+    common.xla_cache_folder("tf-9.9")
+    assert paths[2].exists()
+    monkeypatch.setenv(common.XLA_CACHE_MB_ENV, "lots")
+    with pytest.warns(PlannerCacheWarning, match="KERAS_CCT_XLA_CACHE_MB"):
+        assert common.xla_cache_bytes() == common.XLA_CACHE_MB << 20
