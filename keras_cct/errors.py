@@ -75,6 +75,11 @@ class PlannerCacheWarning(UserWarning):
     keras_cct's caches (such as ``$KERAS_CCT_XLA_CACHE_MB``) was not understood."""
 
 
+class XlaCacheLogWarning(UserWarning):
+    """TensorFlow is about to log false alarms when it loads XLA executables from keras_cct's
+    cache (see :func:`keras_cct.lowering._backend.tensorflow.persistent_xla_cache`)."""
+
+
 class DeviceError(KerasCCTError, RuntimeError):
     """A device is unknown, unavailable, or failed while computing."""
 

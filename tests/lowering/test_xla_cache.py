@@ -29,14 +29,18 @@ jax_only = pytest.mark.skipif(keras.backend.backend() != "jax",
 #: One process: Winograd F(2x2) and F(4x4) forward and gradients on TensorFlow, the results and
 #: TF_XLA_FLAGS as keras_cct left them printed as JSON.
 TF_SCRIPT = """
-import json, os, sys
+import json, os, sys, warnings
 import numpy as np
 import tensorflow as tf
-from keras_cct.lowering.geometry import conv_geometry
-from keras_cct.lowering.winograd import winograd_conv2d
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    from keras_cct.lowering.geometry import conv_geometry
+    from keras_cct.lowering.winograd import winograd_conv2d
+from keras_cct.lowering._backend.tensorflow import logs_false_sigill
 x, k, dy = (np.load(sys.argv[1])[n] for n in ("x", "k", "dy"))
 geo = conv_geometry(x.shape, k.shape, padding=1)
-out = {"flags": os.environ.get("TF_XLA_FLAGS", "")}
+out = {"flags": os.environ.get("TF_XLA_FLAGS", ""), "false_sigill": logs_false_sigill(),
+       "notices": [w.category.__name__ for w in caught if "XlaCache" in w.category.__name__]}
 for tile in (2, 4):
     tx, tk = tf.constant(x), tf.constant(k)
     with tf.GradientTape() as tape:
@@ -60,21 +64,23 @@ def case(tmp_path_factory):
     return path, x, k, dy
 
 
-def _process(script, case_path, cache, unset, **env):
+def _process(script, case_path, cache, unset, stderr=False, **env):
     """``script`` in a fresh process (the variables ``unset`` removed, ``env`` added); its
-    last printed line, parsed."""
+    last printed line, parsed (and what it wrote to stderr, with ``stderr``)."""
     full = {k: v for k, v in os.environ.items() if k not in unset}
     full.update(KERAS_CCT_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), **env)
     proc = subprocess.run([sys.executable, "-c", script, str(case_path)], env=full,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return (out, proc.stderr) if stderr else out
 
 
-def _run(case_path, cache, **env):
+def _run(case_path, cache, stderr=False, **env):
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     return _process(TF_SCRIPT, case_path, cache,
                     ("TF_XLA_FLAGS", "KERAS_CCT_XLA_CACHE", "KERAS_CCT_XLA_CACHE_SET"),
-                    KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", **env)
+                    stderr=stderr, KERAS_BACKEND="tensorflow", **env)
 
 
 def _want(x, k, dy):
@@ -99,9 +105,15 @@ def test_executables_written_once_and_loaded_in_a_later_process(case, tmp_path):
     written = sorted(p.name for p in folders[0].iterdir())
     assert written, "no XLA executable was cached"
     _check(first, x, k, dy)
-    second = _run(path, tmp_path)                # the same clusters: loaded, none compiled
+    assert first["notices"] == []                # nothing to load: no notice
+    # the same clusters: loaded, none compiled; TensorFlow's own log as a user sees it
+    second, log = _run(path, tmp_path, stderr=True, TF_CPP_MIN_LOG_LEVEL="0")
     assert sorted(p.name for p in folders[0].iterdir()) == written
     _check(second, x, k, dy)
+    # keras_cct's notice comes exactly where TensorFlow logs its false SIGILL alarm on a load
+    alarm = "Target machine feature +prefer-no-scatter is not  supported" in log
+    assert alarm == second["false_sigill"]
+    assert second["notices"] == (["XlaCacheLogWarning"] if alarm else [])
 
 
 @tf_only

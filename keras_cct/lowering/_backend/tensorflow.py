@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from pathlib import Path
 from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
+from keras_cct.errors import XlaCacheLogWarning
 from keras_cct.lowering._backend import common, generic
 from keras_cct.lowering._backend.generic import *  # noqa: F401,F403
 from keras_cct.lowering.geometry import ConvGeometry
@@ -48,7 +50,31 @@ def persistent_xla_cache() -> Optional[Path]:
         return None
     _set_env("TF_XLA_FLAGS", f"{flags} {_XLA_CACHE_FLAG}{path}".strip())
     os.environ[_XLA_CACHE_SET] = str(path)
+    if logs_false_sigill() and any(path.iterdir()):
+        warnings.warn(
+            f"TensorFlow {tf.__version__} logs 'Target machine feature +prefer-no-scatter is "
+            "not supported on the host machine ... could lead to execution errors such as "
+            "SIGILL' for each XLA executable it loads from keras_cct's cache on a CPU with "
+            "AVX-512: a false alarm (its XLA compares LLVM's tuning hints, which XLA adds on "
+            "AVX-512 CPUs, with the CPU's features; later XLA skips them). The executables in "
+            f"{path} were compiled on this CPU model. KERAS_CCT_XLA_CACHE=0 turns the cache "
+            "off (and Winograd's transforms are compiled again in every process).",
+            XlaCacheLogWarning, stacklevel=2)
     return path
+
+
+#: TensorFlow versions whose XLA logs an error for every executable loaded from the persistent
+#: cache on an AVX-512 CPU ("+prefer-no-scatter" / "+prefer-no-gather", tuning hints XLA adds
+#: for AVX-512, compared with the host's CPU features in ``xla/service/cpu/cpu_aot_loader.cc``;
+#: later XLA skips ``prefer-`` and ``fast-`` features). Seen with 2.21.0.
+_FALSE_SIGILL_VERSIONS = ("2.21.",)
+
+
+def logs_false_sigill() -> bool:
+    """Whether this TensorFlow logs that false alarm on this CPU (:data:`_FALSE_SIGILL_VERSIONS`
+    and AVX-512)."""
+    from keras_cct._system import cpu_flags
+    return tf.__version__.startswith(_FALSE_SIGILL_VERSIONS) and "avx512f" in cpu_flags()
 
 
 def _set_env(name: str, value: str) -> None:
