@@ -223,7 +223,7 @@ _TINY_CONVS = [  # a grouped 3x3 (every candidate applies) and a depthwise one
 
 
 def _check_convs_run(run, backend, dtype):
-    from benchmarks import convs, peers
+    from benchmarks import convs_report, peers
     assert run["backend"] == backend and run["dtype"] == dtype
     assert _finite_positive(run["ceiling_gflops"]) and _finite_positive(run["peak"]["gflops"])
     a, b = run["layers"]
@@ -248,14 +248,14 @@ def _check_convs_run(run, backend, dtype):
         if "ms" in e:  # judged by the products its GEMMs do, not the direct convolution's
             share = (tile + 2) ** 2 * (-(-6 // tile)) ** 2 / (9 * 36)
             assert math.isclose(e["work_gflops"], e["gflops"] * share)
-    rt = convs.ratios(a)
-    assert rt["best_peer"] in convs.PEER_SET
+    rt = convs_report.ratios(a)
+    assert rt["best_peer"] in convs_report.PEER_SET
 
 
 def test_convs_tiny_in_process(tmp_path, monkeypatch):
     """Every candidate of the per-layer benchmark builds, trains and is timed on two tiny
     shapes (TensorFlow, float32), and the report (markdown, PNG) is written."""
-    from benchmarks import convs
+    from benchmarks import convs, convs_report
     monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path / "cache"))
     from benchmarks.common import cpu_info, library_versions
     run = convs.run_config({"net": "tiny", "batch": 2, "size": 6, "dtype": "float32",
@@ -265,12 +265,12 @@ def test_convs_tiny_in_process(tmp_path, monkeypatch):
     data = {"command": "test", "when": "now", "seconds": 1.0, "repeats": 1,
             "machine": {"cpu": cpu_info(), "versions": library_versions()},
             "runs": [run], "failures": [], "flag_above": "gemm"}
-    data["summary"] = convs.summarize([run])
-    data["summary_above_gemm_kept"] = convs.summarize([run], loose=True)
+    data["summary"] = convs_report.summarize([run])
+    data["summary_above_gemm_kept"] = convs_report.summarize([run], loose=True)
     assert data["summary"]["tensorflow float32"]["layers"] == 2
-    md = convs.markdown(data)
+    md = convs_report.markdown(data)
     assert "## tiny, tensorflow, float32" in md and "GEMM ceiling" in md
-    convs.plot(data, tmp_path / "convs.png")
+    convs_report.plot(data, tmp_path / "convs.png")
     assert (tmp_path / "convs.png").stat().st_size > 1000
 
 
@@ -291,7 +291,7 @@ def test_convs_tiny_spawned_jax_bfloat16(tmp_path):
 def test_convs_flags_and_ratios():
     """Rates above the GEMM ceiling are measuring errors (or only above the peak with
     policy "peak") and are left out of the ratios; the best peer is the fastest valid one."""
-    from benchmarks import convs
+    from benchmarks import convs, convs_report
     gf = 1.0  # forward GFLOP: rate = 3 / seconds
 
     def layer(**ms):
@@ -302,7 +302,7 @@ def test_convs_flags_and_ratios():
     convs.flag([a], ceiling=120.0, peak=1000.0, dtype="float32", policy="gemm")
     c = a["candidates"]
     assert "measuring_error" in c["torch_nchw"] and "measuring_error" not in c["hybrid"]
-    rt = convs.ratios(a)
+    rt = convs_report.ratios(a)
     assert rt["best_peer"] == "torch_cl" and math.isclose(rt["vs_best_peer"], 35 / 30)
     assert math.isclose(rt["vs_conv2d"], 40 / 30)  # speed-ups: > 1, keras_cct faster
     b = layer(hybrid=2.0, keras_conv2d=40.0, torch_nchw=20.0)
@@ -310,9 +310,9 @@ def test_convs_flags_and_ratios():
     assert b["candidates"]["torch_nchw"]["above_gemm"]
     assert "measuring_error" not in b["candidates"]["torch_nchw"]
     assert "peak" in b["candidates"]["hybrid"]["measuring_error"]
-    assert convs.ratios(b)["vs_conv2d"] is None
+    assert convs_report.ratios(b)["vs_conv2d"] is None
     convs.flag([a], ceiling=120.0, peak=1000.0, dtype="float32", policy="gemm")
-    loose = convs.ratios(a, loose=True)  # torch_nchw's 150 GFLOP/s kept: below the peak
+    loose = convs_report.ratios(a, loose=True)  # torch_nchw's 150 GFLOP/s kept: below the peak
     assert loose["best_peer"] == "torch_nchw" and math.isclose(loose["vs_best_peer"], 20 / 30)
 
 
@@ -452,7 +452,7 @@ def test_nets_torch_translator_matches_keras(tmp_path):
 def test_nets_tiny_run(tmp_path):
     """``python -m benchmarks.nets`` on a tiny train_val net: every candidate, the table, the
     plot and the per-layer profile."""
-    from benchmarks import nets
+    from benchmarks import nets, nets_report
     src = tmp_path / "tiny_train_val.prototxt"
     src.write_text(_NETS_DEPLOY.replace('input: "data"\ninput_shape { dim: 1 dim: 3 dim: 19 '
                                         'dim: 19 }', "").replace(
@@ -468,7 +468,7 @@ def test_nets_tiny_run(tmp_path):
     assert [(r["net"], r["batch"], r["dtype"]) for r in data["results"]] == [
         ("tiny_train_val", 4, "float32"), ("tiny_train_val", 4, "bfloat16")]
     for r in data["results"]:
-        assert set(r["candidates"]) == set(nets.CANDIDATES), r["failed"]
+        assert set(r["candidates"]) == set(nets_report.CANDIDATES), r["failed"]
         assert all(_finite_positive(c["images_per_s"]) for c in r["candidates"].values())
     groups = {g["group"] for g in data["profile"]["groups"]}
     assert {"conv", "LRN", "pooling", "InnerProduct", "BatchNorm", "Scale"} <= groups
