@@ -50,17 +50,13 @@ def persistent_xla_cache() -> Optional[Path]:
         return None
     _set_env("TF_XLA_FLAGS", f"{flags} {_XLA_CACHE_FLAG}{path}".strip())
     os.environ[_XLA_CACHE_SET] = str(path)
-    if logs_false_sigill() and any(path.iterdir()):
-        warnings.warn(
-            f"TensorFlow {tf.__version__} logs 'Target machine feature +prefer-no-scatter is "
-            "not supported on the host machine ... could lead to execution errors such as "
-            "SIGILL' for each XLA executable it loads from keras_cct's cache on a CPU with "
-            "AVX-512: a false alarm (its XLA compares LLVM's tuning hints, which XLA adds on "
-            "AVX-512 CPUs, with the CPU's features; later XLA skips them). The executables in "
-            f"{path} were compiled on this CPU model. KERAS_CCT_XLA_CACHE=0 turns the cache "
-            "off (and Winograd's transforms are compiled again in every process).",
-            XlaCacheLogWarning, stacklevel=2)
+    _CACHE["folder"] = path
     return path
+
+
+#: The cache folder :func:`persistent_xla_cache` turned on, and whether the notice of
+#: :func:`notice_false_alarm` was given.
+_CACHE: dict = {"folder": None, "noticed": False}
 
 
 #: TensorFlow versions whose XLA logs an error for every executable loaded from the persistent
@@ -75,6 +71,28 @@ def logs_false_sigill() -> bool:
     and AVX-512)."""
     from keras_cct._system import cpu_flags
     return tf.__version__.startswith(_FALSE_SIGILL_VERSIONS) and "avx512f" in cpu_flags()
+
+
+def notice_false_alarm() -> None:
+    """Once per process, before keras_cct's first XLA cluster is traced: where TensorFlow will
+    log its false SIGILL alarm for executables loaded from keras_cct's cache
+    (:func:`logs_false_sigill`, and the folder holds some), say what it is, as an
+    :class:`~keras_cct.errors.XlaCacheLogWarning` (a command that compiles nothing says
+    nothing)."""
+    folder = _CACHE["folder"]
+    if _CACHE["noticed"] or folder is None:
+        return
+    _CACHE["noticed"] = True
+    if logs_false_sigill() and folder.is_dir() and any(folder.iterdir()):
+        warnings.warn(
+            f"TensorFlow {tf.__version__} logs 'Target machine feature +prefer-no-scatter is "
+            "not supported on the host machine ... could lead to execution errors such as "
+            "SIGILL' for each XLA executable it loads from keras_cct's cache on a CPU with "
+            "AVX-512: a false alarm (its XLA compares LLVM's tuning hints, which XLA adds on "
+            "AVX-512 CPUs, with the CPU's features; later XLA skips them). The executables in "
+            f"{folder} were compiled on this CPU model. KERAS_CCT_XLA_CACHE=0 turns the cache "
+            "off (and Winograd's transforms are compiled again in every process).",
+            XlaCacheLogWarning, stacklevel=3)
 
 
 def _set_env(name: str, value: str) -> None:
@@ -106,7 +124,13 @@ def fused(fn: Callable) -> Callable:
     float32 inside and the results cast back: XLA's CPU loops convert every element for every
     operation otherwise (that layer in bfloat16: 43-51 ms computed in bfloat16, 22-27 in
     float32)."""
-    return tf.function(common.in_float32(fn), jit_compile=True, autograph=False)
+    run = common.in_float32(fn)
+
+    def traced(*args):
+        notice_false_alarm()
+        return run(*args)
+
+    return tf.function(traced, jit_compile=True, autograph=False)
 
 
 def index_tensor(indices, like):
