@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -70,7 +71,7 @@ def prune_xla_cache(folder: Path, max_bytes: int) -> List[Path]:
             st = path.stat()
         except OSError:
             continue
-        if path.is_file():
+        if stat.S_ISREG(st.st_mode):
             files.append((max(st.st_atime, st.st_mtime), st.st_size, path))
     total = sum(size for _, size, _ in files)
     removed = []

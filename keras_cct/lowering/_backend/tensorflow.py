@@ -50,13 +50,7 @@ def persistent_xla_cache() -> Optional[Path]:
         return None
     _set_env("TF_XLA_FLAGS", f"{flags} {_XLA_CACHE_FLAG}{path}".strip())
     os.environ[_XLA_CACHE_SET] = str(path)
-    _CACHE["folder"] = path
     return path
-
-
-#: The cache folder :func:`persistent_xla_cache` turned on, and whether the notice of
-#: :func:`notice_false_alarm` was given.
-_CACHE: dict = {"folder": None, "noticed": False}
 
 
 #: TensorFlow versions whose XLA logs an error for every executable loaded from the persistent
@@ -73,17 +67,16 @@ def logs_false_sigill() -> bool:
     return tf.__version__.startswith(_FALSE_SIGILL_VERSIONS) and "avx512f" in cpu_flags()
 
 
+@functools.lru_cache(maxsize=None)  # once per process
 def notice_false_alarm() -> None:
     """Once per process, before keras_cct's first XLA cluster is traced: where TensorFlow will
     log its false SIGILL alarm for executables loaded from keras_cct's cache
     (:func:`logs_false_sigill`, and the folder holds some), say what it is, as an
     :class:`~keras_cct.errors.XlaCacheLogWarning` (a command that compiles nothing says
     nothing)."""
-    folder = _CACHE["folder"]
-    if _CACHE["noticed"] or folder is None:
-        return
-    _CACHE["noticed"] = True
-    if logs_false_sigill() and folder.is_dir() and any(folder.iterdir()):
+    folder = XLA_CACHE_FOLDER
+    if folder is not None and logs_false_sigill() and folder.is_dir() and \
+            any(folder.iterdir()):
         warnings.warn(
             f"TensorFlow {tf.__version__} logs 'Target machine feature +prefer-no-scatter is "
             "not supported on the host machine ... could lead to execution errors such as "
@@ -102,7 +95,8 @@ def _set_env(name: str, value: str) -> None:
         os.environ.pop(name, None)
 
 
-persistent_xla_cache()
+#: The folder :func:`persistent_xla_cache` turned on when this module was imported (None: off).
+XLA_CACHE_FOLDER = persistent_xla_cache()
 
 
 def as_tensor(x):
