@@ -14,7 +14,9 @@ Three modes:
   ``"native"`` must beat it by :data:`NATIVE_MARGIN`, and where ``"native"`` and the fastest
   other candidate are within :data:`CONFIRM_BELOW` of each other (either ahead) at a batch
   smaller than the layer's, the two are timed again at a larger batch (:func:`confirm_batch`;
-  rankings at 4 images and at 32 can differ). The
+  rankings at 4 images and at 32 can differ). Where a candidate is compiled per shape in
+  pieces the layer reuses (TensorFlow's Winograd), one race at the layer's own batch instead
+  (:func:`race_batch`). The
   planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
   the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
   on disk, so the first use of a shape costs about a second and later ones nothing. A convolution of less than
@@ -55,7 +57,7 @@ from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import make_step
 
-CACHE_VERSION = 14  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 15  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
@@ -66,7 +68,8 @@ CACHE_VERSION = 14  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   a layer with a bias is timed with it (part of the key);
 #                   12: one race at the layer's batch, no confirmation (reverted: slower
 #                   first uses); 13: a candidate far behind is dropped (AUTO_DROP_BEHIND);
-#                   14: TensorFlow's native grouped layers are one grouped Conv2D (faster)
+#                   14: TensorFlow's native grouped layers are one grouped Conv2D (faster);
+#                   15: TF's Winograd raced at the layer's batch (race_batch)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
@@ -103,6 +106,10 @@ NATIVE_MARGIN = 0.05
 #: 24.4 / 18.9 ms against native's 31.6 / 21.3 at the layer's batch.
 CONFIRM_BELOW = 1.3
 CONFIRM_FLOPS_PER_CALL = 24e9
+#: Forward+backward flops per call up to which a shortlist with a compiled candidate is raced
+#: at the layer's own batch (:func:`race_batch`): VGG16's 3x3 layers at 8 images (22 GFLOP)
+#: and CaffeNet's conv3-conv5 at 32 (19-29 GFLOP), not CaffeNet's at 128.
+COMPILED_FLOPS_PER_CALL = 40e9
 #: ``mode="auto"`` leaves Winograd off the shortlist below this many input channels per group:
 #: its transforms then cost more than the GEMM they shrink. VGG16 conv1_1 (3 -> 64, 112x112,
 #: batch 8, float32; busy machine): F(2x2)/F(4x4) 55/36 ms against native 20 on TensorFlow,
@@ -190,6 +197,22 @@ def confirm_batch(geo: ConvGeometry, batch: int) -> int:
     return max(auto_batch(geo, batch), min(batch, int(CONFIRM_FLOPS_PER_CALL // per_image)))
 
 
+def race_batch(geo: ConvGeometry, batch: int, shortlist: Sequence[str]) -> int:
+    """Images ``mode="auto"`` times ``shortlist`` at: :func:`auto_batch`; but where the shortlist
+    holds a lowering the backend compiles per input shape, in pieces the layer then runs itself
+    (``COMPILED`` of :mod:`keras_cct.lowering._backend`: Winograd's XLA clusters on
+    TensorFlow), the layer's own ``batch`` (or, above :data:`COMPILED_FLOPS_PER_CALL`,
+    :func:`confirm_batch`), and no second race: a race at a few images, its confirmation and
+    the layer's first call each compiled the clusters again (CaffeNet conv3-conv5 in float32,
+    TF, batch 32: 31 compilations, 11.3 s, where one race at the layer's batch compiles 16, in
+    6.1 s, and the layer none)."""
+    if not any(c in B.COMPILED for c in shortlist):
+        return auto_batch(geo, batch)
+    if 3 * geo.flops(batch) <= COMPILED_FLOPS_PER_CALL:
+        return batch
+    return confirm_batch(geo, batch)
+
+
 def _keep_native(times: Dict[str, float]) -> str:
     """The fastest of ``times``, unless ``"native"`` is within :data:`NATIVE_MARGIN` of it."""
     best = min(times, key=times.get)
@@ -220,7 +243,7 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     order = [c for c in ("native",) + AUTO_ORDER if c in shortlist]
     order += [c for c in shortlist if c not in order]
     start = time.perf_counter()
-    small = auto_batch(geo, batch)
+    small = race_batch(geo, batch, order)
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
                            min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,

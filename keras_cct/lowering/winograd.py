@@ -467,6 +467,12 @@ def _unstacked(lift):
     return run
 
 
+#: The axis that follows the batch in each kind of the transforms' arguments, by rank: images
+#: ``(b, h, w, c)``, a GEMM's operand ``(nn, b*th*tw, c)`` and one tile position's rows
+#: ``(b*th*tw, c)`` (the backend's ``fused`` traces each transform once for every batch).
+BATCH_AXES = {4: 0, 3: 1, 2: 0}
+
+
 @functools.lru_cache(maxsize=256)
 def _transforms(t: _Tiling) -> Tuple:
     """``(input_transform, input_adjoint, output_transform, output_adjoint, gemm, gemm_dv,
@@ -479,7 +485,7 @@ def _transforms(t: _Tiling) -> Tuple:
     unstacked)."""
     if B.NAME == "torch":
         return _torch_transforms(t)
-    fused = tuple(B.fused(functools.partial(f, t)) for f in
+    fused = tuple(B.fused(functools.partial(f, t), BATCH_AXES) for f in
                   (_input_transform, _input_adjoint, _output_transform, _output_adjoint))
     if t.one_pass:  # the lifting takes each tile position's GEMM result as its own tensor
         fused = fused[:2] + (_unstacked(fused[2]),) + fused[3:]

@@ -162,7 +162,34 @@ def test_auto_mode_keeps_native_unless_another_is_clearly_faster(cache_dir, monk
     assert choose(shape, kernel, padding=2, mode="auto", batch=64) == "type1"
 
 
+def test_race_batch_is_the_layers_own_where_a_candidate_is_compiled(monkeypatch):
+    conv3 = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    monkeypatch.setattr(planner.B, "COMPILED", ("winograd", "winograd4"))
+    assert planner.race_batch(conv3, 32, ("native", "winograd")) == 32   # 29 GFLOP f+b
+    assert planner.race_batch(conv3, 8, ("native", "winograd4")) == 8
+    # 115 GFLOP at 128 images: the (smaller) confirmation batch, a single race still
+    assert planner.race_batch(conv3, 128, ("native", "winograd")) == \
+        planner.confirm_batch(conv3, 128) < 128
+    # nothing compiled on the shortlist: the few images of auto_batch
+    assert planner.race_batch(conv3, 32, ("native", "type1")) == planner.auto_batch(conv3, 32)
+    monkeypatch.setattr(planner.B, "COMPILED", ())
+    assert planner.race_batch(conv3, 32, ("native", "winograd")) == planner.auto_batch(conv3, 32)
+
+
+def test_auto_mode_races_compiled_candidates_once_at_the_layers_batch(cache_dir, monkeypatch):
+    """Where Winograd is compiled per shape (TensorFlow's XLA clusters), a close race is not
+    timed again at another batch: each batch would compile the clusters again."""
+    monkeypatch.setattr(planner.B, "COMPILED", ("winograd", "winograd4"))
+    timed = _fake_timer(monkeypatch, {"native": 1.0, "winograd": 0.9, "winograd4": 2.0,
+                                      "type1": 2.0, "type2": 2.0, "type3": 2.0})
+    assert choose((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2, mode="auto",
+                  batch=32) == "winograd"
+    assert timed and all(b == 32 for _, b in timed)
+    assert len([low for low, _ in timed if low == "native"]) == 1
+
+
 def test_auto_mode_times_a_close_winner_again_at_a_larger_batch(cache_dir, monkeypatch):
+    monkeypatch.setattr(planner.B, "COMPILED", ())  # the backend's Winograd not compiled
     geo = conv_geometry((None, 56, 56, 64), (3, 3, 64, 128), padding=1)
     small, big = planner.auto_batch(geo, 32), planner.confirm_batch(geo, 32)
     assert small < big <= 32
@@ -181,7 +208,8 @@ def test_auto_mode_times_a_close_winner_again_at_a_larger_batch(cache_dir, monke
 def test_auto_mode_times_a_close_race_again_when_native_leads(cache_dir, monkeypatch):
     """Winograd behind native by 10% at a few images and ahead by 20% at the layer's batch
     (CaffeNet conv4 in bfloat16 on TF: its fixed costs weigh more on a few images): the race
-    at the larger batch decides."""
+    at the larger batch decides (where Winograd is not compiled per shape)."""
+    monkeypatch.setattr(planner.B, "COMPILED", ())
     geo = conv_geometry((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2)
     small, big = planner.auto_batch(geo, 32), planner.confirm_batch(geo, 32)
     assert small < big <= 32

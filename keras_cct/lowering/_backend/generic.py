@@ -3,7 +3,7 @@ own; the other modules start from these."""
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 from keras import ops
@@ -19,7 +19,11 @@ DEPTHWISE = "native"
 #: Whether ``mode="auto"`` runs an ungrouped 1x1 convolution as the cost model's lowered type
 #: (one GEMM), untimed, where the backend's convolution is known to lose to its own GEMM.
 LOWER_1X1 = False
-__all__ = ["DEPTHWISE", "LOWER_1X1", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
+#: Lowerings that are compiled for each input shape on this backend (a first call at a new
+#: batch size compiles again): ``mode="auto"`` then races them at the layer's own batch
+#: (:func:`keras_cct.lowering.planner.race_batch`). Here none: ``keras.ops`` run eagerly.
+COMPILED: tuple = ()
+__all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
            "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "split_batch", "take_rows", "wait"]
 
@@ -39,11 +43,12 @@ def constant(a: np.ndarray, like):
     return ops.convert_to_tensor(a, dtype=like.dtype)
 
 
-def fused(fn: Callable) -> Callable:
+def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None) -> Callable:
     """``fn`` (tensors, or lists of tensors, in and out; no variables) in the form this backend
     runs fastest as one piece: here, ``fn`` itself. TensorFlow compiles it with XLA into one
     cluster, so that a chain of slices and additions (Winograd's transforms) makes one pass
-    over memory instead of one per op."""
+    over memory instead of one per op; ``batch_axes`` (rank -> the axis that follows the
+    batch, in arguments of that rank) lets it trace ``fn`` once for every batch size."""
     return fn
 
 

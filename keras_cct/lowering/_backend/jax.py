@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -78,10 +78,10 @@ def persistent_compile_cache() -> Optional[Path]:
 persistent_compile_cache()
 
 
-def fused(fn: Callable) -> Callable:
+def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None) -> Callable:
     """``fn`` with 16-bit float inputs computed in float32 and the results cast back
     (:func:`~keras_cct.lowering._backend.common.in_float32`; XLA already fuses the step it is
-    part of)."""
+    part of; ``batch_axes`` is not needed: the step is traced per shape anyway)."""
     return common.in_float32(fn)
 
 

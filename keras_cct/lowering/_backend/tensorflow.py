@@ -6,7 +6,7 @@ import functools
 import os
 import warnings
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -18,6 +18,8 @@ from keras_cct.lowering.geometry import ConvGeometry
 
 NAME = "tensorflow"
 __all__ = generic.__all__
+#: Winograd's transforms are XLA clusters (:func:`fused`), compiled per input shape.
+COMPILED = ("winograd", "winograd4")
 
 #: The folder keras_cct put in ``TF_XLA_FLAGS``, beside it in the environment: a child process
 #: inherits both, and decides again from its own ``$KERAS_CCT_CACHE_DIR`` (a benchmark's
@@ -110,21 +112,52 @@ def custom_conv(forward, backward, x, kernel):
     return common.custom_conv(forward, backward, x, kernel, as_tensor)
 
 
-def fused(fn: Callable) -> Callable:
+def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None) -> Callable:
     """``fn`` as one XLA cluster (``tf.function(jit_compile=True)``), in graphs and eagerly,
     compiled once per input shape. TensorFlow would run each of its slices and additions as a
     separate op writing a full tensor (Winograd's transforms, CaffeNet conv3 forward+backward at
     batch 32 in float32: 52 ms as ops, 36-40 as clusters). 16-bit float inputs are computed in
     float32 inside and the results cast back: XLA's CPU loops convert every element for every
     operation otherwise (that layer in bfloat16: 43-51 ms computed in bfloat16, 22-27 in
-    float32)."""
+    float32).
+
+    With ``batch_axes`` (rank -> the axis of an argument of that rank whose size follows the
+    batch), ``fn`` is traced once with those axes unknown and XLA compiles that one trace per
+    real shape: the planner's race and the layer's own call (a model traced with an unknown
+    batch, as ``fit`` does, or with a known one) then run the same clusters, and a shape the
+    race compiled is not compiled again (CaffeNet conv3 under ``fit``, 70 images at batch 32: 7
+    compilations, the race's 4 and the last batch's, where the model's own trace made 10)."""
     run = common.in_float32(fn)
 
     def traced(*args):
         notice_false_alarm()
         return run(*args)
 
-    return tf.function(traced, jit_compile=True, autograph=False)
+    compiled = tf.function(traced, jit_compile=True, autograph=False)
+    if not batch_axes:
+        return compiled
+    traced_once = []
+
+    def call(*args):
+        if not traced_once:
+            compiled.get_concrete_function(*tf.nest.map_structure(
+                lambda t: _batchless(t, batch_axes), args))
+            traced_once.append(True)
+        # never differentiated through (the callers write the adjoints out): a tape that saw
+        # the call would run TensorFlow's forward variant of the cluster, which XLA computed
+        # wrongly from the shape-relaxed trace (F(4x4)'s lifting under a GradientTape)
+        return compiled(*tf.nest.map_structure(tf.stop_gradient, args))
+
+    call.compiled = compiled
+    return call
+
+
+def _batchless(t, batch_axes: Dict[int, int]) -> tf.TensorSpec:
+    """``t``'s spec with the axis ``batch_axes`` names for its rank unknown."""
+    shape = list(t.shape)
+    if len(shape) in batch_axes:
+        shape[batch_axes[len(shape)]] = None
+    return tf.TensorSpec(shape, t.dtype)
 
 
 def index_tensor(indices, like):
