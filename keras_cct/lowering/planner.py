@@ -42,7 +42,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -69,7 +69,8 @@ CACHE_VERSION = 15  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   12: one race at the layer's batch, no confirmation (reverted: slower
 #                   first uses); 13: a candidate far behind is dropped (AUTO_DROP_BEHIND);
 #                   14: TensorFlow's native grouped layers are one grouped Conv2D (faster);
-#                   15: TF's Winograd raced at the layer's batch (race_batch)
+#                   15: TF's Winograd raced at the layer's batch (race_batch), F(4x4)
+#                   first on large planes (auto_order)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
@@ -131,6 +132,23 @@ AUTO_BUDGET_S = 1.0
 #: conv1_2, and the first Winograd TensorFlow traces in a process takes 1.5 s), then
 #: space-to-depth (a first layer's full-width GEMM), then the cost model's lowered type.
 AUTO_ORDER = ("winograd", "winograd4", "space_to_depth") + LOWERED_TYPES
+#: Output planes at least this large on both sides take F(4x4) before F(2x2) in that order
+#: (:func:`auto_order`): its 4x fewer multiplications pay for its larger transforms there, and
+#: the budget may leave time for only one. In this project's four float32 runs of
+#: ``benchmarks.convs`` kept in docs/benchmarks (Intel Xeon and AMD, TensorFlow and JAX), of
+#: the layers that ran Winograd, 37 of the 39 with 28x28-112x112 outputs ran F(4x4), and 44
+#: of the 46 with 7x7-14x14 outputs F(2x2).
+WINOGRAD4_FIRST_FROM = 28
+
+
+def auto_order(geo: ConvGeometry, shortlist: Sequence[str]) -> List[str]:
+    """The order ``mode="auto"`` starts ``shortlist`` in: ``"native"``, then
+    :data:`AUTO_ORDER`, with ``"winograd4"`` before ``"winograd"`` on outputs of at least
+    :data:`WINOGRAD4_FIRST_FROM` on both sides."""
+    order = ("native",) + AUTO_ORDER
+    if min(geo.out_h, geo.out_w) >= WINOGRAD4_FIRST_FROM:
+        order = ("native", "winograd4", "winograd") + AUTO_ORDER[2:]
+    return [c for c in order if c in shortlist] + [c for c in shortlist if c not in order]
 
 
 def _device_name() -> str:
@@ -240,8 +258,7 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     hit = _read_cache().get(key)
     if isinstance(hit, dict) and hit.get("choice") in shortlist:
         return hit["choice"]
-    order = [c for c in ("native",) + AUTO_ORDER if c in shortlist]
-    order += [c for c in shortlist if c not in order]
+    order = auto_order(geo, shortlist)
     start = time.perf_counter()
     small = race_batch(geo, batch, order)
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,

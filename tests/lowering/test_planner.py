@@ -176,6 +176,16 @@ def test_race_batch_is_the_layers_own_where_a_candidate_is_compiled(monkeypatch)
     assert planner.race_batch(conv3, 32, ("native", "winograd")) == planner.auto_batch(conv3, 32)
 
 
+def test_auto_order_takes_f4x4_first_on_large_planes():
+    vgg = conv_geometry((None, 28, 28, 128), (3, 3, 128, 256), padding=1)
+    caffenet = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    shortlist = ("type1", "winograd", "native", "winograd4")
+    assert planner.auto_order(vgg, shortlist) == ["native", "winograd4", "winograd", "type1"]
+    assert planner.auto_order(caffenet, shortlist) == ["native", "winograd", "winograd4",
+                                                       "type1"]
+    assert planner.auto_order(caffenet, ("native", "type2")) == ["native", "type2"]
+
+
 def test_auto_mode_races_compiled_candidates_once_at_the_layers_batch(cache_dir, monkeypatch):
     """Where Winograd is compiled per shape (TensorFlow's XLA clusters), a close race is not
     timed again at another batch: each batch would compile the clusters again."""
