@@ -485,8 +485,9 @@ def _transforms(t: _Tiling) -> Tuple:
     unstacked)."""
     if B.NAME == "torch":
         return _torch_transforms(t)
-    fused = tuple(B.fused(functools.partial(f, t), BATCH_AXES) for f in
-                  (_input_transform, _input_adjoint, _output_transform, _output_adjoint))
+    fused = tuple(B.fused(functools.partial(f, t), BATCH_AXES, key=repr((f.__name__, t)))
+                  for f in (_input_transform, _input_adjoint, _output_transform,
+                            _output_adjoint))
     if t.one_pass:  # the lifting takes each tile position's GEMM result as its own tensor
         fused = fused[:2] + (_unstacked(fused[2]),) + fused[3:]
     return fused + (B.bmm,

@@ -43,12 +43,15 @@ def constant(a: np.ndarray, like):
     return ops.convert_to_tensor(a, dtype=like.dtype)
 
 
-def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None) -> Callable:
+def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None,
+          key: Optional[str] = None) -> Callable:
     """``fn`` (tensors, or lists of tensors, in and out; no variables) in the form this backend
     runs fastest as one piece: here, ``fn`` itself. TensorFlow compiles it with XLA into one
     cluster, so that a chain of slices and additions (Winograd's transforms) makes one pass
     over memory instead of one per op; ``batch_axes`` (rank -> the axis that follows the
-    batch, in arguments of that rank) lets it trace ``fn`` once for every batch size."""
+    batch, in arguments of that rank) lets it trace ``fn`` once for every batch size, and
+    ``key`` (naming ``fn`` the same in every process) name that trace alike in every process,
+    so that TensorFlow's persistent cache finds its compiled form."""
     return fn
 
 

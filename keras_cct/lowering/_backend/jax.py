@@ -78,7 +78,8 @@ def persistent_compile_cache() -> Optional[Path]:
 persistent_compile_cache()
 
 
-def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None) -> Callable:
+def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None,
+          key: Optional[str] = None) -> Callable:
     """``fn`` with 16-bit float inputs computed in float32 and the results cast back
     (:func:`~keras_cct.lowering._backend.common.in_float32`; XLA already fuses the step it is
     part of; ``batch_axes`` is not needed: the step is traced per shape anyway)."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -112,7 +115,8 @@ def custom_conv(forward, backward, x, kernel):
     return common.custom_conv(forward, backward, x, kernel, as_tensor)
 
 
-def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None) -> Callable:
+def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None,
+          key: Optional[str] = None) -> Callable:
     """``fn`` as one XLA cluster (``tf.function(jit_compile=True)``), in graphs and eagerly,
     compiled once per input shape. TensorFlow would run each of its slices and additions as a
     separate op writing a full tensor (Winograd's transforms, CaffeNet conv3 forward+backward at
@@ -126,23 +130,32 @@ def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None) -> Callable
     real shape: the planner's race and the layer's own call (a model traced with an unknown
     batch, as ``fit`` does, or with a known one) then run the same clusters, and a shape the
     race compiled is not compiled again (CaffeNet conv3 under ``fit``, 70 images at batch 32: 7
-    compilations, the race's 4 and the last batch's, where the model's own trace made 10)."""
+    compilations, the race's 4 and the last batch's, where the model's own trace made 10).
+
+    With ``key`` too (a string naming ``fn`` the same in every process), each trace is named
+    from ``key`` and its argument types (:func:`_stable_name`) instead of TensorFlow's
+    process-wide counter: the name is part of the key TensorFlow's persistent XLA cache stores
+    an executable under, so a later process loads what an earlier one compiled although it
+    traced other functions first (the planner's race, in the first process only)."""
     run = common.in_float32(fn)
 
-    def traced(*args):
+    def kcct_fused(*args):
         notice_false_alarm()
         return run(*args)
 
-    compiled = tf.function(traced, jit_compile=True, autograph=False)
+    compiled = tf.function(kcct_fused, jit_compile=True, autograph=False)
     if not batch_axes:
         return compiled
-    traced_once = []
+    traced = set()
 
     def call(*args):
-        if not traced_once:
-            compiled.get_concrete_function(*tf.nest.map_structure(
-                lambda t: _batchless(t, batch_axes), args))
-            traced_once.append(True)
+        specs = tf.nest.map_structure(lambda t: _batchless(t, batch_axes), args)
+        flat = tuple((tuple(sp.shape.as_list()), sp.dtype.name)
+                     for sp in tf.nest.flatten(specs))
+        if flat not in traced:
+            with _stable_name(key, flat):
+                compiled.get_concrete_function(*specs)
+            traced.add(flat)
         # never differentiated through (the callers write the adjoints out): a tape that saw
         # the call would run TensorFlow's forward variant of the cluster, which XLA computed
         # wrongly from the shape-relaxed trace (F(4x4)'s lifting under a GradientTape)
@@ -150,6 +163,56 @@ def fused(fn: Callable, batch_axes: Optional[Dict[int, int]] = None) -> Callable
 
     call.compiled = compiled
     return call
+
+
+#: The name :func:`_stable_name` hands to the next trace on this thread, and the names given
+#: in this process (a second function of the same key and types gets a suffix: TensorFlow
+#: refuses two different functions of one name).
+_NEXT_NAME = threading.local()
+_NAMES_GIVEN: Dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def _stable_name(key: Optional[str], flat_specs: tuple):
+    """While tracing ``key``'s function for ``flat_specs``: name it
+    ``__inference_kcct_<hash of both>`` where TensorFlow would add its process-wide counter
+    (its private ``concrete_function._inference_name``; where that is missing, as it may be in
+    another TensorFlow version, the function keeps TensorFlow's name)."""
+    if key is None or not _install_stable_names():
+        yield
+        return
+    digest = hashlib.sha256(repr((key, flat_specs)).encode()).hexdigest()[:20]
+    name = f"__inference_kcct_{digest}"
+    count = _NAMES_GIVEN.get(name, 0)
+    _NAMES_GIVEN[name] = count + 1
+    _NEXT_NAME.value = f"{name}_{count}" if count else name
+    try:
+        yield
+    finally:
+        _NEXT_NAME.value = None
+
+
+@functools.lru_cache(maxsize=None)
+def _install_stable_names() -> bool:
+    """Wrap TensorFlow's ``_inference_name`` once so that a trace :func:`_stable_name` names
+    (the function ``kcct_fused``) takes that name; every other trace is named as before."""
+    try:
+        from tensorflow.python.eager.polymorphic_function import concrete_function as cf
+    except ImportError:
+        return False
+    original = getattr(cf, "_inference_name", None)
+    if not callable(original):
+        return False
+
+    def inference_name(graph_name):
+        name = getattr(_NEXT_NAME, "value", None)
+        if name is not None and graph_name == "kcct_fused":
+            _NEXT_NAME.value = None
+            return name
+        return original(graph_name)
+
+    cf._inference_name = inference_name
+    return True
 
 
 def _batchless(t, batch_axes: Dict[int, int]) -> tf.TensorSpec:
