@@ -19,7 +19,9 @@ Three modes:
   (:func:`race_batch`). The
   planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
   the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
-  on disk, so the first use of a shape costs about a second and later ones nothing. A convolution of less than
+  on disk, so only the first use of a shape pays for the race: about a second, more where
+  Winograd is compiled (a 3x3 layer on TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel
+  Xeon: docs/benchmarks.md), and later ones nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
   several). A depthwise convolution (one input channel per group) is not timed either: it runs
   what the backend module names (``DEPTHWISE``: the backend's own depthwise op on TensorFlow
