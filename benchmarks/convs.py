@@ -198,6 +198,7 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
     measured under the same load as the candidates); measuring errors are flagged afterwards
     by :func:`flag` against the process' final ceiling."""
     from benchmarks import peers
+    from keras_cct.lowering.dispatch import WINOGRAD_TILE
     bf16 = dtype == "bfloat16"
     x, r = peers.inputs(shp, batch)
     gflop = _gflop(shp, batch)
@@ -257,7 +258,7 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
         entry["rounds"] = rounds[name]
         entry["gflops"] = 3 * gflop / t
         lowering = entry.get("lowering") or entry.get("pick")
-        if lowering in WINOGRAD_TILES:  # fewer multiplications than the direct convolution
+        if lowering in WINOGRAD_TILE:  # fewer multiplications than the direct convolution
             entry["work_gflops"] = entry["gflops"] * _winograd_share(shp, batch, lowering)
     for name in ("hybrid", "keras_conv2d"):
         if "ms" in res.get(name, {}):  # first use: build + trace (+ plan) minus a steady step
@@ -272,17 +273,15 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
             "label": shape_label(shp), "gflop_fwd": gflop, "candidates": res}
 
 
-#: Output tile of each Winograd lowering (its GEMMs do (tile+2)^2 products per tile and pair
-#: of channels, where the direct convolution does 9 * tile^2).
-WINOGRAD_TILES = {"winograd": 2, "winograd4": 4}
-
-
 def _winograd_share(shp: dict, batch: int, lowering: str) -> float:
-    """Multiplications of a Winograd lowering's GEMMs over the direct convolution's."""
+    """Multiplications of a Winograd lowering's GEMMs over the direct convolution's: F(m x m,
+    r x r) does (m + r - 1)^2 products per tile and pair of channels, the direct convolution
+    r^2 m^2."""
     from benchmarks.peers import geometry
-    geo, m = geometry(shp, batch), WINOGRAD_TILES[lowering]
+    from keras_cct.lowering.dispatch import WINOGRAD_TILE
+    geo, m = geometry(shp, batch), WINOGRAD_TILE[lowering]
     tiles = -(-geo.out_h // m) * -(-geo.out_w // m)
-    return (m + 2) ** 2 * tiles / (9 * geo.out_h * geo.out_w)
+    return (m + geo.kh - 1) ** 2 * tiles / (geo.kh ** 2 * geo.out_h * geo.out_w)
 
 
 def flag(layers: List[dict], ceiling: float, peak: Optional[float], dtype: str,

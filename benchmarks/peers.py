@@ -19,7 +19,8 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 
 #: HybridConv2D's explicit lowerings measured beside the default (winograd F(2x2,3x3) and
-#: winograd4 F(4x4,3x3): 3x3 stride 1 only; skipped with the reason where not wired in).
+#: winograd4 F(4x4,3x3) or F(4x4,5x5): stride 1 only; skipped with the reason where they do not
+#: apply).
 LOWERINGS = ("type1", "type2", "type3", "native", "winograd", "winograd4", "depthwise")
 #: Peers: what a user would run instead of keras_cct.
 PEERS = ("keras_conv2d", "keras_split", "keras_depthwise", "torch_nchw", "torch_cl")
@@ -50,9 +51,9 @@ def applies(name: str, shp: dict, batch: int) -> Optional[str]:
     """None if candidate ``name`` is run on ``shp``, else why not."""
     g = shp["g"]
     low = name[len("hybrid_"):] if name.startswith("hybrid_") else None
-    if low in ("winograd", "winograd4") and (tuple(shp["k"]) != (3, 3) or tuple(shp["s"]) != (1, 1)
-                              or tuple(shp["d"]) != (1, 1)):
-        return "winograd: 3x3 stride 1 only"
+    from keras_cct.lowering.dispatch import NEEDS, WINOGRAD_TILE, available
+    if low in WINOGRAD_TILE and low not in available(geometry(shp, batch)):
+        return f"{low}: {NEEDS[low]} only"
     if low in ("type1", "type2", "type3", "winograd", "winograd4"):
         if g > MAX_LOOP_GROUPS:
             return f"{g} groups: a Python loop of {g} GEMMs (not run)"

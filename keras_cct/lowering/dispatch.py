@@ -4,6 +4,7 @@ can take. No planning here (the planner and the timing harness build on this mod
 
 from __future__ import annotations
 
+import functools
 from typing import Tuple
 
 from keras import ops
@@ -20,12 +21,15 @@ from keras_cct.lowering.winograd import winograd_applies, winograd_conv2d
 #: What each lowering that does not take every convolution needs (for error messages).
 NEEDS = {
     "winograd": "a 3x3 kernel at stride 1 without dilation",
-    "winograd4": "a 3x3 kernel at stride 1 without dilation",
+    "winograd4": "a 3x3 or 5x5 kernel at stride 1 without dilation",
     "space_to_depth": "a stride above 1, one group, no dilation and a kernel whose zero-padding "
                       "to a multiple of the stride adds at most 40% to its size",
     "depthwise": "one input channel per group (a depthwise convolution)",
 }
-_APPLIES = {"winograd": winograd_applies, "winograd4": winograd_applies,
+#: The output tile of each Winograd lowering: F(2x2, r x r) and F(4x4, r x r).
+WINOGRAD_TILE = {"winograd": 2, "winograd4": 4}
+_APPLIES = {"winograd": functools.partial(winograd_applies, tile=2),
+            "winograd4": functools.partial(winograd_applies, tile=4),
             "space_to_depth": space_to_depth_applies, "depthwise": depthwise_applies}
 
 
@@ -68,8 +72,8 @@ def _lowered(x, kernel, geo: ConvGeometry, lowering: str):
         return lowered_conv2d(x, kernel, geo, lowering)
     if lowering in NEEDS:
         check_available(geo, lowering)
-        if lowering in ("winograd", "winograd4"):
-            return winograd_conv2d(x, kernel, geo, tile=2 if lowering == "winograd" else 4)
+        if lowering in WINOGRAD_TILE:
+            return winograd_conv2d(x, kernel, geo, tile=WINOGRAD_TILE[lowering])
         if lowering == "depthwise":
             return depthwise_conv2d(x, kernel, geo)
         return space_to_depth_conv2d(x, kernel, geo)

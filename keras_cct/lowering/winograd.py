@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import List, Sequence, Tuple
 
 import numpy as np
@@ -100,16 +101,60 @@ _MATRICES = {
 
 TILES = tuple(sorted(_MATRICES))
 
-def winograd_applies(geo: ConvGeometry) -> bool:
-    """Whether :func:`winograd_conv2d` computes this convolution: 3x3, stride 1, dilation 1."""
-    return (geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw) == (3, 3, 1, 1, 1, 1)
+#: Kernel sizes Winograd computes: 3x3 with the matrices above; 5x5 with matrices built by
+#: :func:`_cook_toom` from the interpolation points :data:`POINTS`.
+KERNELS = (3, 5)
+#: The finite interpolation points (infinity is the last) for n = m + r - 1 points in all.
+POINTS = {4: (0, 1, -1), 6: (0, 1, -1, 2, -2), 7: (0, 1, -1, 2, -2, 0.5),
+          8: (0, 1, -1, 2, -2, 0.5, -0.5)}
+
+
+#: The kernel sizes each output tile is offered for as a lowering (``"winograd"`` is tile 2,
+#: ``"winograd4"`` tile 4). Not F(2x2, 5x5): it reads a 6x6 input tile per 2x2 outputs, and its
+#: transformed data (9 values per output and channel) made it slower than the direct
+#: convolution (CaffeNet conv2, TF, float32, batch 32, forward+backward: 181.9 ms against
+#: oneDNN's 131.4, where F(4x4, 5x5) ran 104.6 and F(3x3, 5x5) 123.1).
+TILE_KERNELS = {2: (3,), 4: (3, 5)}
+
+
+def winograd_applies(geo: ConvGeometry, tile: int = 2) -> bool:
+    """Whether ``tile``'s Winograd lowering computes this convolution: a square kernel of a size
+    in :data:`TILE_KERNELS`, stride 1, dilation 1 (:func:`winograd_conv2d` itself takes every
+    size in :data:`KERNELS`)."""
+    return (geo.kh == geo.kw and geo.kh in TILE_KERNELS.get(tile, ())
+            and (geo.sh, geo.sw, geo.dh, geo.dw) == (1, 1, 1, 1))
+
+
+def _cook_toom(m: int, r: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B^T, G, A^T) of F(m, r) by Toom-Cook at the points :data:`POINTS` and infinity:
+    ``A^T[i, j] = p_j^i`` and ``G[j, k] = p_j^k / prod_(l != j) (p_j - p_l)`` (the last column
+    of A^T and the last row of G for infinity), and B^T the one matrix for which
+    ``A^T [(G g) * (B^T d)]`` is the correlation of ``d`` with ``g`` for every ``d`` and ``g``
+    (a linear system, solved in float64; its entries are small fractions, rounded to them)."""
+    n = m + r - 1
+    pts = POINTS[n]
+    at, g = np.zeros((m, n)), np.zeros((n, r))
+    for j, p in enumerate(pts):
+        scale = np.prod([p - q for q in pts if q != p])
+        at[:, j] = [p ** i for i in range(m)]
+        g[j] = [p ** k / scale for k in range(r)]
+    at[m - 1, n - 1] = g[n - 1, r - 1] = 1
+    # sum_j at[i, j] g[j, k] bt[j, l] = [l == i + k] for every i, k, l: n*n unknowns
+    eqs = np.einsum("ij,jk,jJ,lL->iklJL", at, g, np.eye(n), np.eye(n)).reshape(m * r * n, -1)
+    rhs = np.array([float(l == i + k) for i in range(m) for k in range(r) for l in range(n)])
+    bt = np.linalg.lstsq(eqs, rhs, rcond=None)[0].reshape(n, n)
+    bt = np.vectorize(lambda v: float(Fraction(v).limit_denominator(64)))(bt)
+    return bt, g, at
 
 
 @functools.lru_cache(maxsize=None)
-def _matrices(tile: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if tile not in _MATRICES:
-        raise ValueError(f"tile must be one of {TILES}, got {tile!r}")
-    return tuple(np.asarray(m, np.float64) for m in _MATRICES[tile])  # type: ignore
+def _matrices(tile: int, r: int = 3) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B^T, G, A^T) of F(tile x tile, r x r)."""
+    if r == 3 and tile in _MATRICES:
+        return tuple(np.asarray(mat, np.float64) for mat in _MATRICES[tile])  # type: ignore
+    if r not in KERNELS or tile + r - 1 not in POINTS:
+        raise ValueError(f"no Winograd F({tile}x{tile}, {r}x{r}) here")
+    return _cook_toom(tile, r)
 
 
 # ------------------------------------------------------------------ the 1-D transforms
@@ -143,11 +188,11 @@ def _shape(t) -> List[int]:
 
 
 def _tile_slices(t, axis: int, tiles: int, m: int, n: int) -> List:
-    """The n slices of ``t`` (size ``m * (tiles + 1)`` along ``axis``) holding element ``i`` of
-    every stride-m tile: ``t[..., i : i + m * tiles : m, ...]`` for i < n, taken from the view
-    ``(..., tiles + 1, m, ...)`` as plain (unstrided) slices."""
+    """The n slices of ``t`` (size ``m * (tiles + (n - 1) // m)`` along ``axis``) holding element
+    ``i`` of every stride-m tile: ``t[..., i : i + m * tiles : m, ...]`` for i < n, taken from
+    the view ``(..., tiles + (n - 1) // m, m, ...)`` as plain (unstrided) slices."""
     shape = _shape(t)
-    view = ops.reshape(t, shape[:axis] + [tiles + 1, m] + shape[axis + 1:])
+    view = ops.reshape(t, shape[:axis] + [shape[axis] // m, m] + shape[axis + 1:])
     idx = [slice(None)] * (len(shape) + 1)
     out = []
     for i in range(n):
@@ -158,19 +203,20 @@ def _tile_slices(t, axis: int, tiles: int, m: int, n: int) -> List:
 
 def _overlap_add(pieces: Sequence, axis: int, tiles: int, m: int):
     """Adjoint of :func:`_tile_slices`: ``pieces[i]`` (``tiles`` long along ``axis``) summed into
-    positions ``i + m * t`` of a tensor of size ``m * (tiles + 1)`` along ``axis``."""
-    rank = len(pieces[0].shape)
+    positions ``i + m * t`` of a tensor of size ``m * (tiles + (n - 1) // m)`` along ``axis``
+    (n pieces)."""
+    rank, spare = len(pieces[0].shape), (len(pieces) - 1) // m
     residues = []
     for r in range(m):
         parts = []
         for i in range(r, len(pieces), m):
             pads = [[0, 0]] * rank
-            pads[axis] = [i // m, 1 - i // m]
+            pads[axis] = [i // m, spare - i // m]
             parts.append(ops.pad(pieces[i], pads))
         residues.append(B.add_n(parts))
     t = ops.stack(residues, axis=axis + 1)
     shape = _shape(t)
-    return ops.reshape(t, shape[:axis] + [m * (tiles + 1)] + shape[axis + 2:])
+    return ops.reshape(t, shape[:axis] + [m * (tiles + spare)] + shape[axis + 2:])
 
 
 def _interleave(pieces: Sequence, axis: int):
@@ -241,13 +287,13 @@ def _torch_transforms(t: "_Tiling"):
     import torch
     import torch.nn.functional as F
     geo, m, n, nn, th, tw = t.geo, t.m, t.n, t.nn, t.th, t.tw
-    bt, _, at = _matrices(m)
-    hp, wp = m * (th + 1), m * (tw + 1)
+    bt, _, at = _matrices(m, t.r)
+    hp, wp = m * (th + t.spare), m * (tw + t.spare)
     (pt, _), (pl, _) = geo.pad
 
     def tiles(v, axis, count):  # views: element i of every tile along axis
         shape = list(v.shape)
-        view = v.reshape(shape[:axis] + [count + 1, m] + shape[axis + 1:])
+        view = v.reshape(shape[:axis] + [count + t.spare, m] + shape[axis + 1:])
         idx = [slice(None)] * (len(shape) + 1)
         out = []
         for i in range(n):
@@ -329,7 +375,7 @@ def _torch_transforms(t: "_Tiling"):
 
 @dataclass(frozen=True)
 class _Tiling:
-    """The tiling of one convolution by F(tile x tile, 3 x 3): everything the transforms depend
+    """The tiling of one convolution by F(tile x tile, r x r): everything the transforms depend
     on (hashable, so that their compiled forms are cached by it)."""
 
     geo: ConvGeometry
@@ -340,8 +386,17 @@ class _Tiling:
         return self.tile
 
     @property
+    def r(self) -> int:
+        return self.geo.kh
+
+    @property
     def n(self) -> int:
-        return self.tile + 2
+        return self.tile + self.r - 1
+
+    @property
+    def spare(self) -> int:
+        """Tiles' worth of input beyond the last tile's start (a tile reads n = m + r - 1)."""
+        return (self.n - 1) // self.m
 
     @property
     def nn(self) -> int:
@@ -361,13 +416,13 @@ class _Tiling:
         (F(2x2): at most 4 terms after the input, 9 before the output transform) rather than in
         two stages with a stored intermediate (F(4x4): up to 16 and 25 terms, which XLA's
         loops then recompute per element: measured 1.3-5x slower in one pass)."""
-        return self.tile == 2
+        return self.tile == 2 and self.r == 3
 
     @property
     def pads(self) -> List[List[int]]:
-        """The input's padding: Caffe's, then enough for every tile (and one spare) to fit."""
+        """The input's padding: Caffe's, then enough for every tile (and :attr:`spare`) to fit."""
         (pt, _), (pl, _) = self.geo.pad
-        hp, wp = self.m * (self.th + 1), self.m * (self.tw + 1)
+        hp, wp = self.m * (self.th + self.spare), self.m * (self.tw + self.spare)
         return [[0, 0], [pt, hp - self.geo.in_h - pt], [pl, wp - self.geo.in_w - pl], [0, 0]]
 
 
@@ -382,11 +437,11 @@ def _concat(ts: Sequence):
 
 def _input_transform(t: _Tiling, x) -> List:
     """Lowering: ``(b, h, w, c)`` -> one ``(nn, b*th*tw, cg)`` per group (``B^T d B``)."""
-    bt, geo, m = _matrices(t.tile)[0], t.geo, t.m
+    bt, geo, m = _matrices(t.tile, t.r)[0], t.geo, t.m
     xp = ops.pad(x, t.pads)
     if t.one_pass:  # slices of one padded view, the group's channels included
         shape = _shape(xp)
-        view = ops.reshape(xp, [shape[0], t.th + 1, m, t.tw + 1, m, shape[3]])
+        view = ops.reshape(xp, [shape[0], t.th + t.spare, m, t.tw + t.spare, m, shape[3]])
         out = []
         for g in range(geo.groups):
             c = slice(g * geo.cg, (g + 1) * geo.cg)
@@ -405,7 +460,7 @@ def _input_transform(t: _Tiling, x) -> List:
 def _input_adjoint(t: _Tiling, dvs: Sequence):
     """Adjoint of :func:`_input_transform`: one ``(nn, b*th*tw, cg)`` per group ->
     ``(b, h, w, c)``."""
-    bt, geo, m = _matrices(t.tile)[0], t.geo, t.m
+    bt, geo, m = _matrices(t.tile, t.r)[0], t.geo, t.m
     (pt, _), (pl, _) = geo.pad
     out = []
     for dv in dvs:
@@ -420,7 +475,7 @@ def _input_adjoint(t: _Tiling, dvs: Sequence):
 def _output_transform(t: _Tiling, mms: Sequence):
     """Lifting (``A^T M A``): one ``(nn, b*th*tw, og)`` per group -- for F(2x2), as the list of
     its ``nn`` tile positions (see :func:`_transforms`) -- -> ``(b, out_h, out_w, o)``."""
-    at, geo, m, n = _matrices(t.tile)[2], t.geo, t.m, t.n
+    at, geo, m, n = _matrices(t.tile, t.r)[2], t.geo, t.m, t.n
     out = []
     for mm in mms:
         if t.one_pass:
@@ -440,7 +495,7 @@ def _output_transform(t: _Tiling, mms: Sequence):
 def _output_adjoint(t: _Tiling, dy) -> List:
     """Adjoint of :func:`_output_transform`: ``(b, out_h, out_w, o)`` -> one
     ``(nn, b*th*tw, og)`` per group."""
-    at, geo, m = _matrices(t.tile)[2], t.geo, t.m
+    at, geo, m = _matrices(t.tile, t.r)[2], t.geo, t.m
     if (m * t.th, m * t.tw) != (geo.out_h, geo.out_w):
         dy = ops.pad(dy, [[0, 0], [0, m * t.th - geo.out_h], [0, m * t.tw - geo.out_w], [0, 0]])
     view = ops.reshape(dy, (-1, t.th, m, t.tw, m, geo.filters))
@@ -501,22 +556,23 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2):
     """Convolution of channels-last ``x`` (b, h, w, c) with ``kernel`` (3, 3, c/groups, o) by
     Winograd's F(tile x tile, 3 x 3); no bias. Returns (b, out_h, out_w, o), differentiable
     with a hand-written gradient. Requires :func:`winograd_applies`."""
-    if not winograd_applies(geo):
-        raise ValueError("winograd_conv2d needs a 3x3 kernel at stride 1 and dilation 1")
-    gm = _matrices(tile)[1]
+    if not any(winograd_applies(geo, m) for m in TILE_KERNELS):
+        raise ValueError(f"winograd_conv2d needs a {' or '.join(f'{k}x{k}' for k in KERNELS)} "
+                         "kernel at stride 1 and dilation 1")
     t = _Tiling(geo, tile)
+    gm, r = _matrices(tile, t.r)[1], t.r
     (input_transform, input_adjoint, output_transform, output_adjoint,
      gemm, gemm_dv, gemm_du) = _transforms(t)
     cg, og, o = geo.cg, geo.og, geo.filters
-    gg = np.kron(gm, gm)  # (nn, 9): G g G^T for every (c, o) pair at once
+    gg = np.kron(gm, gm)  # (nn, r*r): G g G^T for every (c, o) pair at once
 
-    def kernel_transform(k):  # (3, 3, cg, o) -> (nn, cg, o): one small GEMM
-        u = B.matmul(B.constant(gg, k), ops.reshape(k, (9, cg * o)))
+    def kernel_transform(k):  # (r, r, cg, o) -> (nn, cg, o): one small GEMM
+        u = B.matmul(B.constant(gg, k), ops.reshape(k, (r * r, cg * o)))
         return ops.reshape(u, (t.nn, cg, o))
 
     def kernel_adjoint(du):  # (nn, cg, o) -> (3, 3, cg, o)
         dk = B.matmul_tn(B.constant(gg, du), ops.reshape(du, (t.nn, cg * o)))
-        return ops.reshape(dk, (3, 3, cg, o))
+        return ops.reshape(dk, (r, r, cg, o))
 
     def forward(x, kernel):
         us = _groups(kernel_transform(kernel), geo.groups, og)

@@ -110,15 +110,22 @@ def test_measure_mode_skips_lowerings_that_cannot_fit(cache_dir, monkeypatch):
 @pytest.mark.parametrize("mode", ["auto", "measure"])
 def test_planner_never_returns_a_lowering_unavailable_for_the_shape(cache_dir, monkeypatch,
                                                                      mode):
-    # Whatever the timings say, Winograd is not offered for 5x5, strided or dilated kernels.
+    # Whatever the timings say, Winograd is not offered for 7x7, strided or dilated kernels,
+    # F(2x2) not for 5x5 either, and F(4x4) not in bfloat16 (IMPRECISE).
     _patch_timer(monkeypatch,
                  lambda geo, low, **kw: 0.0 if low.startswith("winograd") else 1.0)
-    for kernel, kw in (((5, 5, 64, 64), {}), ((3, 3, 64, 64), {"strides": 2}),
-                       ((3, 3, 64, 64), {"dilation_rate": 2})):
+    for kernel, kw in (((7, 7, 64, 64), {}), ((3, 3, 64, 64), {"strides": 2}),
+                       ((3, 3, 64, 64), {"dilation_rate": 2}), ((5, 5, 64, 64), {"strides": 2})):
         geo = conv_geometry((32, 27, 27, 64), kernel, padding=2, **kw)
         assert not {"winograd", "winograd4"} & set(planner.available(geo))
         assert not choose((32, 27, 27, 64), kernel, padding=2, mode=mode,
                           **kw).startswith("winograd")
+    k5 = (5, 5, 64, 64)
+    assert {"winograd", "winograd4"} & set(planner.available(
+        conv_geometry((32, 27, 27, 64), k5, padding=2))) == {"winograd4"}
+    assert choose((32, 27, 27, 64), k5, padding=2, mode=mode) == "winograd4"
+    assert not choose((32, 27, 27, 64), k5, padding=2, mode=mode,
+                      dtype="bfloat16").startswith("winograd")
     assert choose((32, 27, 27, 64), (3, 3, 64, 64), padding=1, mode=mode).startswith("winograd")
     assert choose((32, 27, 27, 64), (3, 3, 64, 64), padding=1, mode=mode,
                   dtype="bfloat16") == "winograd"

@@ -1,5 +1,6 @@
-"""keras_cct.lowering.winograd: outputs and gradients of F(2x2, 3x3) and F(4x4, 3x3) against a
-direct float64 numpy convolution and against Keras' own convolution, on the current backend."""
+"""keras_cct.lowering.winograd: outputs and gradients of F(2x2, 3x3), F(4x4, 3x3) and (5x5
+kernels, matrices built by Toom-Cook) F(4x4, 5x5) and F(2x2, 5x5) against a direct float64
+numpy convolution and against Keras' own convolution, on the current backend."""
 
 import functools
 
@@ -21,12 +22,18 @@ CASES = {
     "same_13": ((2, 13, 13, 8), (3, 3, 8, 5), "same", 1),
     "groups2_pad1": ((1, 11, 10, 8), (3, 3, 4, 4), 1, 2),
     "tiny": ((1, 3, 3, 2), (3, 3, 2, 2), 0, 1),
+    # 5x5 kernels (CaffeNet's conv2 is 5x5, padding 2, two groups)
+    "k5_pad2_groups2": ((2, 11, 9, 6), (5, 5, 3, 4), 2, 2),
+    "k5_asym": ((1, 10, 13, 3), (5, 5, 3, 5), ((1, 2), (0, 3)), 1),
+    "k5_tiny": ((1, 5, 5, 2), (5, 5, 2, 3), 0, 1),
 }
+K5 = ("k5_asym", "k5_pad2_groups2", "k5_tiny")
 
 #: Relative error (max |err| / max |ref|) allowed in float64: only rounding of exact transforms.
 F64_TOL = 1e-12
 #: ... and in float32 against Keras' float32 convolution (measured about 5e-7 for tile 2 and
-#: 5e-6 for tile 4 on these shapes; F(4x4)'s transforms have entries up to 8 and 1/24).
+#: 5e-6 for tile 4 on these shapes; F(4x4)'s transforms have entries up to 8 and 1/24, and
+#: F(4x4, 5x5)'s up to 21/4 and 64/45).
 F32_TOL = {2: 1e-5, 4: 1e-4}
 
 
@@ -71,7 +78,7 @@ def _case(name, dtype=np.float64):
 
 #: F(4x4) on fewer cases: each case is one XLA compilation on JAX (seconds).
 F64_RUNS = [(c, 2) for c in sorted(CASES)] + [(c, 4) for c in ("valid_odd", "asym_groups2",
-                                                              "same_13")]
+                                                              "same_13") + K5]
 
 
 @pytest.mark.parametrize("case,tile", F64_RUNS)
@@ -97,7 +104,7 @@ def _keras_reference(case):
         keras_padding = "valid"
     else:
         x_in = x
-    layer = keras.layers.Conv2D(k.shape[-1], 3, padding=keras_padding, groups=groups,
+    layer = keras.layers.Conv2D(k.shape[-1], k.shape[0], padding=keras_padding, groups=groups,
                                 use_bias=False, dtype="float32")
     layer.build(x_in.shape)
     layer.kernel.assign(k)
@@ -110,7 +117,7 @@ def _keras_reference(case):
 
 
 @pytest.mark.parametrize("case,tile", [("valid_odd", 2), ("asym_groups2", 2), ("same_13", 2),
-                                       ("same_13", 4)])
+                                       ("same_13", 4), ("k5_pad2_groups2", 4), ("k5_asym", 4)])
 def test_matches_keras_conv2d_float32(case, tile):
     """Against keras.layers.Conv2D (output and both gradients) and keras.ops.conv, in float32."""
     x, k, dy, geo, _, _ = _case(case, np.float32)
@@ -164,17 +171,23 @@ def test_unknown_batch_tensorflow(jit_compile, tile):
         assert ref.rel_err(dx, dx_ref) < F64_TOL and ref.rel_err(dk, dk_ref) < F64_TOL
 
 
-def test_applies_only_to_3x3_stride1_dilation1():
-    assert winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 4, 4), padding=1))
-    assert winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 2, 4), padding=((0, 1), (2, 0)),
-                                          groups=2))
-    assert not winograd_applies(conv_geometry((1, 9, 9, 4), (5, 5, 4, 4), padding=2))
-    assert not winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 4, 4), strides=2))
-    assert not winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 4, 4), dilation_rate=2))
-    assert not winograd_applies(conv_geometry((1, 9, 9, 4), (3, 1, 4, 4)))
+def test_applies_to_3x3_and_5x5_at_stride1_dilation1():
+    """F(2x2) is offered for 3x3 kernels, F(4x4) for 3x3 and 5x5; stride 1, dilation 1."""
+    for tile in (2, 4):
+        assert winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 4, 4), padding=1), tile)
+        assert winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 2, 4),
+                                              padding=((0, 1), (2, 0)), groups=2), tile)
+        assert not winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 4, 4), strides=2), tile)
+        assert not winograd_applies(conv_geometry((1, 9, 9, 4), (3, 3, 4, 4), dilation_rate=2),
+                                    tile)
+        assert not winograd_applies(conv_geometry((1, 9, 9, 4), (3, 1, 4, 4)), tile)
+        assert not winograd_applies(conv_geometry((1, 9, 9, 4), (7, 7, 4, 4), padding=3), tile)
+    k5 = conv_geometry((1, 9, 9, 4), (5, 5, 4, 4), padding=2)
+    assert winograd_applies(k5, 4) and not winograd_applies(k5, 2)
+    assert not winograd_applies(conv_geometry((1, 9, 9, 4), (5, 5, 4, 4), strides=2), 4)
     with pytest.raises(ValueError):
-        winograd_conv2d(np.zeros((1, 9, 9, 4), np.float32), np.zeros((5, 5, 4, 4), np.float32),
-                        conv_geometry((1, 9, 9, 4), (5, 5, 4, 4)))
+        winograd_conv2d(np.zeros((1, 9, 9, 4), np.float32), np.zeros((7, 7, 4, 4), np.float32),
+                        conv_geometry((1, 9, 9, 4), (7, 7, 4, 4)))
 
 
 def test_tensorflow_transforms_compiled_once_per_shape():
