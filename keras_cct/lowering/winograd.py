@@ -104,9 +104,9 @@ TILES = tuple(sorted(_MATRICES))
 #: Kernel sizes Winograd computes: 3x3 with the matrices above; 5x5 with matrices built by
 #: :func:`_cook_toom` from the interpolation points :data:`POINTS`.
 KERNELS = (3, 5)
-#: The finite interpolation points (infinity is the last) for n = m + r - 1 points in all.
-POINTS = {4: (0, 1, -1), 6: (0, 1, -1, 2, -2), 7: (0, 1, -1, 2, -2, 0.5),
-          8: (0, 1, -1, 2, -2, 0.5, -0.5)}
+#: The finite interpolation points (infinity is the last) for n = m + r - 1 points in all:
+#: F(2x2, 5x5) the same as F(4x4, 3x3)'s, F(4x4, 5x5) those and +-1/2.
+POINTS = {6: (0, 1, -1, 2, -2), 8: (0, 1, -1, 2, -2, 0.5, -0.5)}
 
 
 #: The kernel sizes each output tile is offered for as a lowering (``"winograd"`` is tile 2,
