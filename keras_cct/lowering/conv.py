@@ -22,7 +22,7 @@ def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", di
             ``((top, bottom), (left, right))``.
         groups: channel groups (``channels`` and ``filters`` must be multiples of it).
         lowering: ``"type1"``, ``"type2"``, ``"type3"``, ``"winograd"`` / ``"winograd4"``
-            (F(2x2, 3x3) / F(4x4, 3x3): 3x3, stride 1),
+            (F(2x2, 3x3) / F(4x4, 3x3) or F(4x4, 5x5): 3x3 / 3x3 or 5x5, stride 1),
             ``"space_to_depth"`` (strided, e.g. a first layer), ``"depthwise"`` (one input
             channel per group: shifted multiply-adds), ``"native"`` (the backend's own
             convolution) or ``"auto"`` (chosen by :func:`keras_cct.lowering.choose`).

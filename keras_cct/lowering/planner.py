@@ -5,7 +5,8 @@ Three modes:
 * ``mode="auto"`` (what :class:`~keras_cct.HybridConv2D` uses by default): the fastest, as
   timed here, of a shortlist that always holds the backend's own convolution. The shortlist -- ``"native"`` (the backend's own convolution in its
   fastest form), the cost model's best lowered type and, where they apply, ``"winograd"``
-  (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3); not in 16-bit floats: :data:`IMPRECISE`; neither
+  (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3) or F(4x4, 5x5); not in 16-bit floats:
+  :data:`IMPRECISE`; neither
   below :data:`WINOGRAD_MIN_CHANNELS` input channels per group) and
   ``"space_to_depth"`` (:data:`~keras_cct.lowering.dispatch.NEEDS`) -- is
   timed once for the exact shape, batch, backend, dtype and machine (forward+backward at up to
@@ -111,8 +112,10 @@ CONFIRM_BELOW = 1.3
 CONFIRM_FLOPS_PER_CALL = 24e9
 #: Forward+backward flops per call up to which a shortlist with a compiled candidate is raced
 #: at the layer's own batch (:func:`race_batch`): VGG16's 3x3 layers at 8 images (22 GFLOP)
-#: and CaffeNet's conv3-conv5 at 32 (19-29 GFLOP), not CaffeNet's at 128.
-COMPILED_FLOPS_PER_CALL = 40e9
+#: and CaffeNet's conv2-conv5 at 32 (19-43 GFLOP), not CaffeNet's at 128. (CaffeNet conv2, TF,
+#: float32, where F(4x4, 5x5) is compiled: first use 4.5-4.6 s with the limit at 40 GFLOP, a
+#: race at 17 images, and 3.9-4.1 s raced at 32.)
+COMPILED_FLOPS_PER_CALL = 48e9
 #: ``mode="auto"`` leaves Winograd off the shortlist below this many input channels per group:
 #: its transforms then cost more than the GEMM they shrink. VGG16 conv1_1 (3 -> 64, 112x112,
 #: batch 8, float32; busy machine): F(2x2)/F(4x4) 55/36 ms against native 20 on TensorFlow,
@@ -159,8 +162,9 @@ def _device_name() -> str:
 
 #: Lowerings the planner does not pick for a dtype, for their error: F(4x4, 3x3) loses about
 #: 0.1 of the result's relative precision in bfloat16 (its GEMM's bfloat16 result amplified by
-#: the lifting; F(2x2, 3x3): 5e-3, the backend's own convolution: 3e-3). A user may still ask
-#: for them by name.
+#: the lifting; F(2x2, 3x3): 5e-3, the backend's own convolution: 3e-3), and F(4x4, 5x5) 0.13
+#: on CaffeNet conv2's shape (the direct convolution 3.4e-3). A user may still ask for them
+#: by name.
 IMPRECISE = {"bfloat16": ("winograd4",), "float16": ("winograd4",)}
 
 
