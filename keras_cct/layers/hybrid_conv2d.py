@@ -40,8 +40,9 @@ class HybridConv2D(keras.layers.Layer):
         lowering: ``"auto"`` (chosen per input shape by the planner), ``"type1"`` (im2col),
             ``"type2"``, ``"type3"`` (1x1 GEMM + shift-and-add lifting), ``"winograd"`` /
             ``"winograd4"`` (F(2x2, 3x3) / F(4x4, 3x3) for 3x3 kernels at stride 1, and
-            F(4x4, 5x5) for 5x5 ones; the latter not picked by the planner in 16-bit floats), ``"space_to_depth"`` (a strided
-            convolution as a stride-1 one on rearranged input, for first layers),
+            F(4x4, 5x5) for 5x5 ones; the latter not picked by the planner in 16-bit floats),
+            ``"space_to_depth"`` (a strided convolution as a stride-1 one on rearranged
+            input, for first layers),
             ``"depthwise"`` (one input channel per group, as shifted multiply-adds: the
             default for depthwise layers on JAX) or ``"native"`` (the backend's own
             convolution in its fastest form: see :mod:`keras_cct.lowering.native`).

@@ -6,8 +6,7 @@ Three modes:
   timed here, of a shortlist that always holds the backend's own convolution. The shortlist -- ``"native"`` (the backend's own convolution in its
   fastest form), the cost model's best lowered type and, where they apply, ``"winograd"``
   (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3) or F(4x4, 5x5); not in 16-bit floats:
-  :data:`IMPRECISE`; neither
-  below :data:`WINOGRAD_MIN_CHANNELS` input channels per group) and
+  :data:`IMPRECISE`; neither below :data:`WINOGRAD_MIN_CHANNELS` input channels per group) and
   ``"space_to_depth"`` (:data:`~keras_cct.lowering.dispatch.NEEDS`) -- is
   timed once for the exact shape, batch, backend, dtype and machine (forward+backward at up to
   :data:`AUTO_BATCH` images, :func:`auto_batch`; :data:`AUTO_REPEATS` rounds, the candidates

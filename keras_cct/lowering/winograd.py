@@ -99,11 +99,6 @@ _MATRICES = {
          [0, 1, -1, 8, -8, 1]]),
 }
 
-TILES = tuple(sorted(_MATRICES))
-
-#: Kernel sizes Winograd computes: 3x3 with the matrices above; 5x5 with matrices built by
-#: :func:`_cook_toom` from the interpolation points :data:`POINTS`.
-KERNELS = (3, 5)
 #: The finite interpolation points (infinity is the last) for n = m + r - 1 points in all:
 #: F(2x2, 5x5) the same as F(4x4, 3x3)'s, F(4x4, 5x5) those and +-1/2.
 POINTS = {6: (0, 1, -1, 2, -2), 8: (0, 1, -1, 2, -2, 0.5, -0.5)}
@@ -115,6 +110,9 @@ POINTS = {6: (0, 1, -1, 2, -2), 8: (0, 1, -1, 2, -2, 0.5, -0.5)}
 #: convolution (CaffeNet conv2, TF, float32, batch 32, forward+backward: 181.9 ms against
 #: oneDNN's 131.4, where F(4x4, 5x5) ran 104.6 and F(3x3, 5x5) 123.1).
 TILE_KERNELS = {2: (3,), 4: (3, 5)}
+#: Kernel sizes Winograd computes: 3x3 with the matrices above; 5x5 with matrices built by
+#: :func:`_cook_toom` from the interpolation points :data:`POINTS`.
+KERNELS = tuple(sorted({r for sizes in TILE_KERNELS.values() for r in sizes}))
 
 
 def winograd_applies(geo: ConvGeometry, tile: int = 2) -> bool:
