@@ -18,9 +18,10 @@ always fetched) of each candidate:
 
 on each Keras backend (one process per backend, dtype and net; ``KERAS_BACKEND`` is set before
 keras is imported) in float32 and bfloat16 (Keras: the ``mixed_bfloat16`` policy; PyTorch:
-``torch.autocast("cpu", torch.bfloat16)``; float32 weights). Candidates are timed side by side,
-round-robin (per round, one untimed call of each followed by one timed call), best of
-``--repeats`` rounds -- more on short layers: rounds are added (up to :data:`MAX_ROUNDS`) until
+``torch.autocast("cpu", torch.bfloat16)``; float32 weights). Candidates are timed side by side
+in rounds (per round, each library's candidates together in a shuffled order, each timed call
+after an untimed one -- after up to four where the library changed: :func:`round_order`,
+:data:`SWITCH_WARM_CALLS`), best of ``--repeats`` rounds -- more on short layers: rounds are added (up to :data:`MAX_ROUNDS`) until
 every candidate has been timed for :data:`MIN_TIMED_S` seconds, since a best of 3 on a 2-9 ms
 layer differed by about 10% from one run of the table to the next on a 2-core machine.
 
@@ -57,6 +58,7 @@ import gc
 import json
 import math
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -93,9 +95,24 @@ SETTLE_S = float(os.environ.get("CCT_CONVS_SETTLE_S", "0.02"))
 #: Each timed call follows an untimed call of the same candidate: what ran before it (the other
 #: library's step, a pause) otherwise changes its time by more than the differences measured.
 #: Seen (ResNet-50 res4b_branch2a, TF, batch 4): a 4.5 ms TF convolution took 5.4 ms after a
-#: PyTorch step and 5.0 ms after a TF step, each followed by a 50 ms pause; and the round-robin
-#: order had put the default HybridConv2D after PyTorch in 2 of 3 rounds, keras Conv2D never.
-WARM_CALL = True
+#: PyTorch step and 5.0 ms after a TF step, each followed by a 50 ms pause.
+WARM_CALLS = 1
+#: Untimed calls before a timed call that follows another library's step (or the round's GEMM
+#: probes): one is not enough. A library's threads slow down while the other library runs, and
+#: the next steps are slow until they are busy again. Seen (56x56x256->128 1x1 stride 2,
+#: batch 4, TF, min of 40, ms, by step after the switch): TF after PyTorch 5.39, 5.06, 4.86,
+#: 4.67, 4.64 against 4.69, 4.58, 4.51, 4.43, 4.43 after TF; PyTorch after TF 4.75, 4.39, 4.26,
+#: 4.10, 4.04 against 4.08, 4.02, 4.09, 3.99, 4.10 after PyTorch. With a fixed round-robin order
+#: (the default HybridConv2D always the first TF candidate after PyTorch's), this cost the
+#: default 5-10% against keras Conv2D on 2-6 ms layers: swapping the two candidates' places
+#: swapped which one lost (ratios 0.90-0.97 -> 1.02-1.18). At most :data:`SWITCH_WARM_S` seconds
+#: of them (on the long layers a step's share of the slowdown is small).
+SWITCH_WARM_CALLS, SWITCH_WARM_S = 4, 0.3
+#: The timing procedure, as the report states it.
+TIMING = ("all candidates of a shape timed in one process, in rounds; per round each library's "
+          "candidates together (the backend's or PyTorch's first, alternately) in a shuffled "
+          "order, each timed call right after an untimed call of the same candidate, after "
+          f"up to {SWITCH_WARM_CALLS} ({SWITCH_WARM_S:g} s) where the library changed")
 
 
 # ------------------------------------------------------------------------------ layer shapes
@@ -177,9 +194,25 @@ def gemm_probe(key: str):
     return probe
 
 
-def _settle(last_lib: Optional[str], lib: str) -> str:
-    time.sleep(SETTLE_S)
-    return lib
+def _library(name: str, backend: str) -> str:
+    return "torch" if name.startswith("torch_") else backend
+
+
+def round_order(names: List[str], rnd: int, backend: str) -> List[str]:
+    """The order of round ``rnd``: each library's candidates together (the backend's first in
+    even rounds, PyTorch's first in odd ones), shuffled within a library (seeded by the round),
+    so that no candidate always follows the same one (see :data:`SWITCH_WARM_CALLS`)."""
+    rng = random.Random(rnd)
+    blocks = {}
+    for name in names:
+        blocks.setdefault(_library(name, backend), []).append(name)
+    libs = sorted(blocks, key=lambda lib: (lib == backend) == bool(rnd % 2))
+    order = []
+    for lib in libs:
+        block = list(blocks[lib])
+        rng.shuffle(block)
+        order += block
+    return order
 
 
 def _why(exc: BaseException) -> str:
@@ -223,22 +256,28 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
             entry["error"] = _why(exc)
     best = {name: math.inf for name in steps}
     rounds = {name: 0 for name in steps}
-    last_lib = None
     names = list(steps)
     timed = {name: 0.0 for name in steps}
     rnd = 0
     while names and (rnd < repeats or (rnd < max_rounds and min(
             timed[n] for n in names) < MIN_TIMED_S)):
-        order = names[rnd % len(names):] + names[:rnd % len(names)]
+        order = round_order(names, rnd, backend)
         rnd += 1
         for key, probe in (probes or {}).items():
-            last_lib = _settle(last_lib, key.split()[0])
+            time.sleep(SETTLE_S)
             ceilings[key] = max(ceilings[key], probe())
+        last_lib = "probes"
         for name in order:
             try:
-                last_lib = _settle(last_lib, "torch" if name.startswith("torch_") else backend)
-                if WARM_CALL:
+                lib = _library(name, backend)
+                t_warm = time.perf_counter()
+                for i in range(SWITCH_WARM_CALLS if lib != last_lib else WARM_CALLS):
+                    if i and time.perf_counter() - t_warm > SWITCH_WARM_S:
+                        break
+                    time.sleep(SETTLE_S)
                     steps[name]()  # untimed
+                last_lib = lib
+                time.sleep(SETTLE_S)
                 t0 = time.perf_counter()
                 steps[name]()
                 dt = time.perf_counter() - t0
@@ -394,6 +433,7 @@ def _write(out: Path, args, argv, t0: float, repeats: int, nets: dict, runs: lis
                         "torch_threads": sorted({r["torch_threads"] for r in runs})},
             "nets": {n: {"batch": b, "size": s, "prototxt": NETS[n][0]}
                      for n, (b, s) in nets.items()},
+            "timing": TIMING,
             "runs": runs, "failures": failures, "flag_above": args.flag_above,
             "lowerings": args.lowerings, "processes": {"done": done, "planned": jobs}}
     data["summary"] = summarize(runs)

@@ -17,6 +17,9 @@ PEER_SET = ("keras_conv2d", "keras_split", "keras_depthwise", "torch_nchw", "tor
 #: A candidate whose best time is above max(SLOW_S, SLOW_FACTOR x the fastest) after a round
 #: is not timed in further rounds (its "rounds" says how many it got).
 SLOW_S, SLOW_FACTOR = 5.0, 10.0
+#: How runs written before ``convs.json`` recorded its ``timing`` timed their candidates.
+OLD_TIMING = ("all candidates of a shape timed round-robin in one process, each timed call "
+              "right after an untimed call of the same candidate")
 #: Short layers get more rounds than ``--repeats``: until every candidate still timed has
 #: :data:`MIN_TIMED_S` seconds of timed calls, at most :data:`MAX_ROUNDS` rounds.
 MIN_TIMED_S, MAX_ROUNDS = 0.25, 10
@@ -138,8 +141,7 @@ def markdown(data: dict) -> str:
         f"({data['repeats']}, more on short layers: until each candidate has "
         f"{data.get('min_timed_s', MIN_TIMED_S)} s of timed calls, at most "
         f"{data.get('max_rounds', MAX_ROUNDS)}; a candidate's rounds are in the JSON), "
-        "all candidates of a shape timed round-robin in one process, each timed call right after an "
-        "untimed call of the same candidate. Speed-ups: keras "
+        + data.get("timing", OLD_TIMING) + ". Speed-ups: keras "
         "Conv2D's time / the default HybridConv2D's, and the best peer's (fastest of "
         "keras_conv2d, keras_split, keras_depthwise, torch_nchw, torch_cl) / the default's; "
         "above 1 = keras_cct faster. "
