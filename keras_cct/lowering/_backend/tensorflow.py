@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -105,8 +106,10 @@ XLA_CACHE_FOLDER = persistent_xla_cache()
 
 
 def as_tensor(x):
-    """A plain tensor holding ``x``'s value (a variable is read, not passed as a variable)."""
-    return tf.identity(x) if isinstance(x, tf.Variable) or hasattr(x, "value") else \
+    """A plain tensor holding ``x``'s value (a variable is read, not passed as a variable).
+    A Keras variable is read once: asking it for ``.value`` (as ``hasattr`` does) reads and,
+    under a mixed-precision policy, casts it a second time in the traced step."""
+    return tf.identity(x) if isinstance(x, (tf.Variable, keras.Variable)) else \
         tf.convert_to_tensor(x)
 
 
