@@ -15,6 +15,9 @@ always fetched) of each candidate:
   writes there instead of a split into hundreds of groups);
 * ``torch_nchw`` / ``torch_cl``: ``torch.nn.Conv2d(groups=g)`` on NCHW tensors, contiguous or
   ``channels_last`` (input and module), eager; measured in every backend's process too.
+* ``keras_conv2d_again``, a control: keras Conv2D built and timed a second time. Its speed
+  against the first copy's is the run's noise floor, what the same op measures apart
+  (:data:`benchmarks.peers.CONTROLS`).
 
 on each Keras backend (one process per backend, dtype and net; ``KERAS_BACKEND`` is set before
 keras is imported) in float32 and bfloat16 (Keras: the ``mixed_bfloat16`` policy; PyTorch:

@@ -45,6 +45,9 @@ def ratios(layer: dict, loose: bool = False) -> dict:
     c = layer["candidates"]
     h = c.get("hybrid", {})
     out = {"vs_conv2d": None, "vs_best_peer": None, "best_peer": best_peer(c, loose)}
+    k, again = c.get("keras_conv2d", {}), c.get("keras_conv2d_again", {})
+    # the noise floor: keras Conv2D's second copy against the first, as the default is judged
+    out["noise"] = k["ms"] / again["ms"] if valid(k, loose) and valid(again, loose) else None
     if valid(h, loose):
         if valid(c.get("keras_conv2d", {}), loose):
             out["vs_conv2d"] = c["keras_conv2d"]["ms"] / h["ms"]  # speed-up: > 1 faster
@@ -63,6 +66,7 @@ def summarize(results: List[dict], loose: bool = False) -> dict:
         g = groups.setdefault(key, {"layers": 0, "conv2d": [], "peer": [], "plan": [],
                                     "under_097_conv2d": 0,
                                     "under_1_best_peer": 0, "hyb_ms": 0.0, "conv2d_ms": 0.0,
+                                    "noise": [],
                                     "peer_ms": 0.0, "measuring_errors": 0, "errors": 0})
         for layer in run["layers"]:
             g["layers"] += 1
@@ -79,6 +83,8 @@ def summarize(results: List[dict], loose: bool = False) -> dict:
                 g["under_097_conv2d"] += rt["vs_conv2d"] < 0.97
                 g["hyb_ms"] += n * layer["candidates"]["hybrid"]["ms"]
                 g["conv2d_ms"] += n * layer["candidates"]["keras_conv2d"]["ms"]
+            if rt["noise"] is not None:
+                g["noise"].append(rt["noise"])
             if rt["vs_best_peer"] is not None:
                 g["peer"].append(rt["vs_best_peer"])
                 g["under_1_best_peer"] += rt["vs_best_peer"] < 1.0
@@ -94,6 +100,10 @@ def summarize(results: List[dict], loose: bool = False) -> dict:
                     "under_1_best_peer": g["under_1_best_peer"],
                     "compared_conv2d": len(g["conv2d"]), "compared_best_peer": len(g["peer"]),
                     "measuring_errors": g["measuring_errors"], "errors": g["errors"],
+                    "noise_under_097": sum(v < 0.97 for v in g["noise"]),
+                    "noise_compared": len(g["noise"]),
+                    "min_noise": min(g["noise"], default=None),
+                    "max_noise": max(g["noise"], default=None),
                     "plan_ms_median": statistics.median(g["plan"]) if g["plan"] else None,
                     "plan_ms_max": max(g["plan"], default=None)}
     for run in results:
@@ -144,7 +154,9 @@ def markdown(data: dict) -> str:
         + data.get("timing", OLD_TIMING) + ". Speed-ups: keras "
         "Conv2D's time / the default HybridConv2D's, and the best peer's (fastest of "
         "keras_conv2d, keras_split, keras_depthwise, torch_nchw, torch_cl) / the default's; "
-        "above 1 = keras_cct faster. "
+        "above 1 = keras_cct faster. Noise floor: keras_conv2d_again is keras Conv2D "
+        "built and timed a second time beside the first; its speed against the first shows "
+        "how far two copies of one op differ in this run. "
         "~~struck~~ (>GEMM or >peak): faster than the GEMM ceiling or the CPU's peak, "
         "a measuring error, left out of the ratios (see the ceilings below). err: failed "
         "(listed under the table). -: not applicable.", "",
@@ -178,12 +190,16 @@ def _summary_md(summary: dict) -> List[str]:
                      f"{s['under_097_conv2d']}/{s['compared_conv2d']}",
                      f"{_r(s['min_vs_best_peer'])}-{_r(s['max_vs_best_peer'])}",
                      f"{s['under_1_best_peer']}/{s['compared_best_peer']}",
+                     "-" if not s.get("noise_compared") else
+                     f"{s['noise_under_097']}/{s['noise_compared']} "
+                     f"({_r(s['min_noise'])}-{_r(s['max_noise'])})",
                      s["measuring_errors"], s["errors"],
                      "-" if s.get("plan_ms_median") is None else
                      f"{s['plan_ms_median']:.0f} / {s['plan_ms_max']:.0f}"])
     lines.append(markdown_table(
         ["backend dtype", "shapes", "speed-up vs Conv2D (min-max)", "below 0.97x Conv2D",
-         "speed-up vs best peer (min-max)", "below 1.0x best peer", "measuring errors",
+         "speed-up vs best peer (min-max)", "below 1.0x best peer",
+         "noise floor: keras Conv2D's twin below 0.97x Conv2D (min-max)", "measuring errors",
          "failed runs", "plan ms (median / max)"], rows))
     for key, s in summary.items():
         if key.startswith("tensorflow caffenet"):
@@ -224,8 +240,9 @@ def _tables_md(data: dict, lines: List[str]) -> str:
                      "; ".join(f"{k} {v:.0f} (n={n})" for k, (v, n) in per_lib.items())])
     lines.append(markdown_table(["process", "GEMM ceiling", "peak", "best GEMM per library"],
                                 crow))
-    from benchmarks.peers import LOWERINGS
-    cand_cols = ["hybrid"] + [f"hybrid_{low}" for low in LOWERINGS] + list(PEER_SET)
+    from benchmarks.peers import CONTROLS, LOWERINGS
+    cand_cols = (["hybrid"] + [f"hybrid_{low}" for low in LOWERINGS] + list(PEER_SET)
+                 + list(CONTROLS))
     for run in data["runs"]:
         lines += [f"## {run['net']}, {run['backend']}, {run['dtype']} "
                   f"(batch {run['batch']}, {run['size']}x{run['size']})", ""]

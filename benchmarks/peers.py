@@ -24,6 +24,11 @@ import numpy as np
 LOWERINGS = ("type1", "type2", "type3", "native", "winograd", "winograd4", "depthwise")
 #: Peers: what a user would run instead of keras_cct.
 PEERS = ("keras_conv2d", "keras_split", "keras_depthwise", "torch_nchw", "torch_cl")
+#: Controls, not peers: ``keras_conv2d_again`` is keras Conv2D built and timed a second time,
+#: beside the first. Its speed against keras Conv2D's is this run's noise floor: the default
+#: HybridConv2D's ``native`` runs the very op keras Conv2D runs, and on 4-30 ms layers of a busy
+#: 2-core machine two copies of one op differed by up to 12% in a best of 10 rounds.
+CONTROLS = ("keras_conv2d_again",)
 #: Above this many groups the lowered types and Winograd (a Python loop over groups: one GEMM
 #: each; Winograd on MobileNet's 1024-group layer took 12 minutes to trace) and the Keras split
 #: form (one Conv2D per group) are not run: nobody would write them.
@@ -215,7 +220,7 @@ def torch_step(shp: dict, x: np.ndarray, r: np.ndarray, *, channels_last: bool,
 # ------------------------------------------------------------------------------ all candidates
 
 def candidate_names(shp: dict) -> Tuple[str, ...]:
-    return ("hybrid",) + tuple(f"hybrid_{low}" for low in LOWERINGS) + PEERS
+    return ("hybrid",) + tuple(f"hybrid_{low}" for low in LOWERINGS) + PEERS + CONTROLS
 
 
 def inputs(shp: dict, batch: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -236,7 +241,8 @@ def build(name: str, shp: dict, batch: int, x: np.ndarray, r: np.ndarray,
         raise Skip(why)
     if name in ("torch_nchw", "torch_cl"):
         return torch_step(shp, x, r, channels_last=name == "torch_cl", bfloat16=bfloat16), {}
-    model, layer = keras_model(name, shp, batch)
+    model, layer = keras_model("keras_conv2d" if name == "keras_conv2d_again" else name, shp,
+                               batch)
     info = {}
     if name == "hybrid":
         info["pick"] = layer.chosen_lowering

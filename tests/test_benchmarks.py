@@ -241,6 +241,9 @@ def _check_convs_run(run, backend, dtype):
                 assert e["rounds"] >= 1 and "above_gemm" in e
         assert "pick" in cands["hybrid"] and "plan_ms" in cands["hybrid"]
     assert "skipped" in a["candidates"]["keras_depthwise"]
+    for layer in (a, b):  # the control: keras Conv2D again, timed, never a peer
+        assert "ms" in layer["candidates"]["keras_conv2d_again"]
+        assert convs_report.ratios(layer)["noise"] > 0
     assert "ms" in a["candidates"]["keras_split"] and "ms" in b["candidates"]["keras_depthwise"]
     assert "skipped" in b["candidates"]["hybrid_winograd"]  # stride 2
     for name, tile in (("hybrid_winograd", 2), ("hybrid_winograd4", 4)):
@@ -333,6 +336,15 @@ def test_convs_flags_and_ratios():
     convs.flag([a], ceiling=120.0, peak=1000.0, dtype="float32", policy="gemm")
     loose = convs_report.ratios(a, loose=True)  # torch_nchw's 150 GFLOP/s kept: below the peak
     assert loose["best_peer"] == "torch_nchw" and math.isclose(loose["vs_best_peer"], 20 / 30)
+    # the control (keras Conv2D again) is the noise floor, never the best peer
+    d = layer(hybrid=30.0, keras_conv2d=40.0, torch_cl=35.0, keras_conv2d_again=32.0)
+    convs.flag([d], ceiling=1000.0, peak=1000.0, dtype="float32", policy="gemm")
+    rt = convs_report.ratios(d)
+    assert rt["best_peer"] == "torch_cl" and math.isclose(rt["noise"], 40 / 32)
+    summary = convs_report.summarize([{"backend": "jax", "dtype": "float32", "net": "n",
+                                       "layers": [d, a]}])["jax float32"]
+    assert (summary["noise_compared"], summary["noise_under_097"]) == (1, 0)
+    assert math.isclose(summary["min_noise"], 40 / 32)
 
 
 def test_convs_on_an_accelerator_flags_against_its_gemm_only():
