@@ -24,9 +24,10 @@ keras is imported) in float32 and bfloat16 (Keras: the ``mixed_bfloat16`` policy
 ``torch.autocast("cpu", torch.bfloat16)``; float32 weights). Candidates are timed side by side
 in rounds (per round, each library's candidates together in a shuffled order, each timed call
 after an untimed one -- after up to four where the library changed: :func:`round_order`,
-:data:`SWITCH_WARM_CALLS`), best of ``--repeats`` rounds -- more on short layers: rounds are added (up to :data:`MAX_ROUNDS`) until
-every candidate has been timed for :data:`MIN_TIMED_S` seconds, since a best of 3 on a 2-9 ms
-layer differed by about 10% from one run of the table to the next on a 2-core machine.
+:data:`SWITCH_WARM_CALLS`), best of ``--repeats`` rounds -- more on short layers: rounds are
+added (up to :data:`MAX_ROUNDS`) until every candidate has been timed for :data:`MIN_TIMED_S`
+seconds, since a best of 3 on a 2-9 ms layer differed by about 10% from one run of the table
+to the next on a 2-core machine.
 
 The GEMM ceiling: the best square matrix product (512, 1024 and 2048) of the backend, PyTorch
 and JAX in the run's dtype (and float32), measured in each process at the start and the
@@ -198,6 +199,8 @@ def gemm_probe(key: str):
 
 
 def _library(name: str, backend: str) -> str:
+    """The library candidate ``name`` runs in: PyTorch for the ``torch_*`` peers, else the
+    process' Keras backend."""
     return "torch" if name.startswith("torch_") else backend
 
 
