@@ -37,6 +37,7 @@ over the distribution's devices (docs/strategy.md).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Dict, Optional
@@ -339,7 +340,8 @@ class _Retracing:
 
     def __call__(self, *args, **kwargs):
         if self.generation != _GENERATION[0]:
-            self._remake()
+            with _state_attached(self.trainer, self.attr, args[0] if args else None):
+                self._remake()
             fn = getattr(self.trainer, self.attr)
             if fn is not self:
                 return fn(*args, **kwargs)
@@ -362,6 +364,40 @@ class _Retracing:
 
     def __getattr__(self, name):
         return getattr(self.__wrapped__, name)
+
+
+#: The groups of variables in each step function's ``state``, in Keras' order
+#: (``JAXTrainer._get_jax_state``).
+_STATE_GROUPS = {"train_function": ("trainable", "non_trainable", "optimizer", "metrics"),
+                 "test_function": ("trainable", "non_trainable", "metrics"),
+                 "predict_function": ("trainable", "non_trainable")}
+
+
+@contextlib.contextmanager
+def _state_attached(trainer, attr: str, state):
+    """The step's ``state`` attached to the trainer's variables while the step function is
+    made again. Within ``fit`` / ``evaluate`` / ``predict`` Keras detaches the variables'
+    values (``_purge_model_variables``) and passes them as ``state``; under a
+    ``keras.distribution`` the step function is made from the variables' shardings, which a
+    detached variable has not (its ``value`` calls a dropped initializer)."""
+    attached = []
+    groups = _STATE_GROUPS.get(attr, ())
+    if isinstance(state, (tuple, list)) and len(state) == len(groups):
+        optimizer = getattr(trainer, "optimizer", None)
+        variables = {"trainable": trainer.trainable_variables,
+                     "non_trainable": trainer.non_trainable_variables,
+                     "optimizer": optimizer.variables if optimizer is not None else [],
+                     "metrics": trainer.metrics_variables}
+        for group, values in zip(groups, state):
+            for v, value in zip(variables[group], values or ()):
+                if v._value is None:
+                    v._value = value
+                    attached.append(v)
+    try:
+        yield
+    finally:
+        for v in attached:
+            v._value = None
 
 
 _INSTALLED = []

@@ -357,8 +357,15 @@ keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.
 s = CCTStrategy(["jax:cpu:0", "opencl:0:0"], split=[0.7, 0.3], rebalance=True)
 model = _model(s)
 model.set_weights(weights)
-model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+from keras_cct.strategy import _jax
+start = _jax._GENERATION[0]
+stale = keras.callbacks.LambdaCallback(  # the compiled sizes go stale mid-fit, as a rebalance makes them
+    on_train_batch_end=lambda b, logs: b == 1 and _jax._stale(_jax._GENERATION[0]),
+    on_test_batch_end=lambda b, logs: b == 0 and _jax._stale(_jax._GENERATION[0]))
+model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[stale],
+          validation_data=(x[:8], y[:8]))
 print(json.dumps({"jit": bool(model.jit_compile), "sharded": len(model.weights[0].value.sharding.device_set),
+                  "retraces": _jax._GENERATION[0] - start,
                   "err": max(ref.rel_err(a, b) for a, b in zip(model.get_weights(), baseline.get_weights())),
                   "images": [r["images"] for r in s.report()]}))
 """
@@ -368,7 +375,9 @@ print(json.dumps({"jit": bool(model.jit_compile), "sharded": len(model.weights[0
 def test_strategy_model_trains_under_data_parallel(opencl):
     """Under keras.distribution.DataParallel over two local JAX devices
     (--xla_force_host_platform_device_count=2, in a subprocess), a CCTStrategy model's
-    compiled step trains: four steps give the weights of keras Conv2D on one device."""
+    compiled step trains: four steps give the weights of keras Conv2D on one device, with the
+    step functions made again mid-fit and mid-validation (as after a rebalance: Keras has
+    detached the variables' values then, and DataParallel reads their shardings)."""
     import json
     import subprocess
     import sys
@@ -380,7 +389,7 @@ def test_strategy_model_trains_under_data_parallel(opencl):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert out["jit"] and out["sharded"] == 2, out
+    assert out["jit"] and out["sharded"] == 2 and out["retraces"] >= 2, out
     assert out["err"] <= TOL, out
     assert all(n > 0 for n in out["images"]), out
 
