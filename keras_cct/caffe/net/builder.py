@@ -28,6 +28,7 @@ from keras_cct.caffe.io.types import DATA_TYPES
 from keras_cct.caffe.io.upgrade import NetSource, upgrade_net
 from keras_cct.caffe.net.checks import check_input, check_layer
 from keras_cct.caffe.net.converters import CONVERTERS, NO_BOTTOM, ONE_TOP, Ctx
+from keras_cct.caffe.net.fusion import fuse_batch_norm_scale
 from keras_cct.caffe.net.layout import caffe_shape, keras_shape
 from keras_cct.caffe.net.losses import HEAD_TYPES, Head, head_of
 from keras_cct.caffe.net.weights import keras_name, load_weights
@@ -178,7 +179,8 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
               input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
               source: Union[None, PathLike, NetSource] = None, level: int = 0,
               conv_impl: str = "hybrid", conv_options: Optional[Mapping] = None,
-              python_layers: bool = False, _drop_heads: bool = False) -> CaffeNet:
+              python_layers: bool = False, fuse: bool = True,
+              _drop_heads: bool = False) -> CaffeNet:
     """Build the Keras model of a Caffe net for one phase.
 
     Args:
@@ -198,6 +200,10 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
         python_layers: build ``Python`` layers: import each ``python_param.module`` (from the
             prototxt's folder, then ``sys.path``) and run its class's methods. Off by default:
             a Python layer is then an error naming the module and class.
+        fuse: apply each in-place ``Scale`` in the fused op of the ``BatchNorm`` before it
+            (:mod:`keras_cct.caffe.net.fusion`; same layers, names and weights). Off, every
+            layer computes its own blob, as Caffe's layer-by-layer ``forward(end=...)`` shows
+            it.
 
     Returns:
         :class:`CaffeNet`. Its model's outputs are the blobs the heads consume followed by the
@@ -368,6 +374,9 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
                             name=model_name)
     except ValueError as exc:
         raise CaffeFormatError(f"cannot assemble the model: {exc}", path=src.path) from None
+    if fuse:
+        fuse_batch_norm_scale(model.layers, list(blobs.values()) + final_outputs +
+                              list(head_blobs.values()))
     return CaffeNet(model=model, inputs={top: inputs[top] for top, _ in keep_inputs},
                     heads=heads, outputs=out_names, net_param=net,
                     phase="TRAIN" if ph == proto.TRAIN else "TEST", caffe_names=caffe_names,

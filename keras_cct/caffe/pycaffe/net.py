@@ -120,7 +120,8 @@ class Net:
         self._sources, data_shapes_, self._batch = data_layers(net_param, phase, path, shapes)
         shapes = {**data_shapes_, **shapes}
         built = build_net(full, phase=phase, stages=tuple(stages), level=level,
-                          input_shapes=shapes, source=source, python_layers=python_layers)
+                          input_shapes=shapes, source=source, python_layers=python_layers,
+                          fuse=False)
         if weights is not None:
             load_weights(built.model, os.fspath(weights), strict=False,
                          net_param=built.net_param)
@@ -298,7 +299,8 @@ class Net:
             shapes = {b: self.blobs[b].shape for b in built}
             self._batch = next(iter(shapes.values()))[0]
             fresh = build_net(full, phase=phase, stages=stages, level=level,
-                              input_shapes=shapes, source=source, python_layers=python_layers)
+                              input_shapes=shapes, source=source, python_layers=python_layers,
+                              fuse=False)
             old = {l.name: l for l in self._model.layers if l.weights}
             for layer in fresh.model.layers:
                 if layer.weights and layer.name in old:

@@ -30,6 +30,12 @@ class CaffeBatchNorm(keras.layers.Layer):
     used (biased variance) and the blobs are updated as Caffe does:
     ``s = maf * s + 1; mean = maf * mean + batch_mean; var = maf * var + m/(m-1) * batch_var``.
     ``use_global_stats=None`` means Caffe's default: global statistics unless training.
+
+    :meth:`absorb` hands it the :class:`CaffeScale` that follows it (the net builder does, see
+    :mod:`keras_cct.caffe.net.fusion`): it then applies that layer's scale and bias in its own
+    fused op, and the Scale layer passes its input on unchanged. Each layer keeps its own
+    variables (Caffe's blobs); the pairing is not part of the config (a reloaded pair computes
+    the same, unfused).
     """
 
     def __init__(self, eps: float = 1e-5, moving_average_fraction: float = 0.999,
@@ -38,6 +44,24 @@ class CaffeBatchNorm(keras.layers.Layer):
         self.eps = float(eps)
         self.moving_average_fraction = float(moving_average_fraction)
         self.use_global_stats = use_global_stats
+        self.absorbed: Optional["CaffeScale"] = None
+
+    def absorb(self, scale: "CaffeScale", rank: int) -> None:
+        """Apply ``scale``'s per-channel scale (and bias) here, in the normalization's own
+        pass; ``scale`` becomes the identity. Only for a learned per-channel Scale of this
+        layer's ``rank``-D output, which nothing else reads."""
+        if not scale.per_channel(rank):
+            raise ValueError(f"Scale '{scale.name}' is not a learned per-channel scale")
+        # object.__setattr__: a plain reference; Keras would track a layer set as an attribute
+        # as a sublayer (its variables counted twice) and refuses one on a built layer.
+        object.__setattr__(scale, "absorbed_by", self)
+        object.__setattr__(self, "absorbed", scale)
+
+    def _affine(self):
+        s = self.absorbed
+        if s is None:
+            return None, None
+        return s.scale, (s.bias if s.bias_term else None)
 
     def build(self, input_shape):
         c = int(input_shape[-1])
@@ -59,8 +83,9 @@ class CaffeBatchNorm(keras.layers.Layer):
         if use_global:
             s = self.scale_factor[0]
             inv = ops.where(ops.equal(s, 0.0), ops.zeros_like(s), 1.0 / s)
-            return normalize_with(x, self.mean * inv, self.variance * inv, self.eps)
-        y, mean, unbiased_var = normalize_batch(x, self.eps)
+            return normalize_with(x, self.mean * inv, self.variance * inv, self.eps,
+                                  *self._affine())
+        y, mean, unbiased_var = normalize_batch(x, self.eps, *self._affine())
         if training:
             maf = self.moving_average_fraction
             self.scale_factor.assign(self.scale_factor * maf + 1.0)
@@ -126,6 +151,13 @@ class CaffeScale(_AxisParamLayer):
                  **kwargs) -> None:
         super().__init__(axis, num_axes, **kwargs)
         self.bias_term = bool(bias_term)
+        self.absorbed_by: Optional[CaffeBatchNorm] = None  # see CaffeBatchNorm.absorb
+
+    def per_channel(self, rank: int) -> bool:
+        """Whether this is a built, learned scale of one value per channel (the last axis in
+        Keras' layout) of a ``rank``-D input."""
+        scale = getattr(self, "scale", None)
+        return scale is not None and self._channel_fast_path(rank, tuple(scale.shape))
 
     def build(self, input_shape):
         two = isinstance(input_shape, (list, tuple)) and len(input_shape) == 2 and \
@@ -155,6 +187,8 @@ class CaffeScale(_AxisParamLayer):
             y = self._apply_two(x, s)
         else:
             x = inputs
+            if self.absorbed_by is not None:  # applied in the BatchNorm's fused op
+                return x
             y = self._apply(x, self.scale, ops.multiply)
         if self.bias_term:
             y = self._apply(y, self.bias, ops.add)
