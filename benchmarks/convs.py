@@ -25,9 +25,9 @@ keras is imported) in float32 and bfloat16 (Keras: the ``mixed_bfloat16`` policy
 in rounds (per round, each library's candidates together in a shuffled order, each timed call
 after an untimed one -- after up to four where the library changed: :func:`round_order`,
 :data:`SWITCH_WARM_CALLS`), best of ``--repeats`` rounds -- more on short layers: rounds are
-added (up to :data:`MAX_ROUNDS`) until every candidate has been timed for :data:`MIN_TIMED_S`
-seconds, since a best of 3 on a 2-9 ms layer differed by about 10% from one run of the table
-to the next on a 2-core machine.
+added (up to :data:`MAX_ROUNDS`, ``--max-rounds``) until every candidate has been timed for
+:data:`MIN_TIMED_S` seconds (``--min-timed``), since a best of 3 on a 2-9 ms layer differed by
+about 10% from one run of the table to the next on a 2-core machine.
 
 The GEMM ceiling: the best square matrix product (512, 1024 and 2048) of the backend, PyTorch
 and JAX in the run's dtype (and float32), measured in each process at the start and the
@@ -231,7 +231,8 @@ def _why(exc: BaseException) -> str:
 
 def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
                   ceilings: Dict[str, float], probes: Optional[dict] = None,
-                  lowerings: bool = True, max_rounds: int = MAX_ROUNDS) -> dict:
+                  lowerings: bool = True, max_rounds: int = MAX_ROUNDS,
+                  min_timed_s: float = MIN_TIMED_S) -> dict:
     """Every candidate on one shape: first-call ms, best-of-rounds ms, GFLOP/s. ``ceilings``
     (GFLOP/s per GEMM) is raised by the ``probes`` (run in every round: the ceiling is
     measured under the same load as the candidates); measuring errors are flagged afterwards
@@ -266,7 +267,7 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
     timed = {name: 0.0 for name in steps}
     rnd = 0
     while names and (rnd < repeats or (rnd < max_rounds and min(
-            timed[n] for n in names) < MIN_TIMED_S)):
+            timed[n] for n in names) < min_timed_s)):
         order = round_order(names, rnd, backend)
         rnd += 1
         for key, probe in (probes or {}).items():
@@ -383,7 +384,9 @@ def run_config(spec: dict) -> dict:
     for shp in shapes:
         layers.append(measure_layer(shp, spec["batch"], backend, dtype, spec["repeats"],
                                     ceilings, probes, spec.get("lowerings", True),
-                                    spec["repeats"] if spec.get("quick") else MAX_ROUNDS))
+                                    spec.get("max_rounds", spec["repeats"] if spec.get(
+                                        "quick") else MAX_ROUNDS),
+                                    spec.get("min_timed_s", MIN_TIMED_S)))
         print(f"PROGRESS {shp['names'][0]}", flush=True)
     ceiling = max(ceilings.values())
     from keras_cct.lowering import _backend as B
@@ -433,7 +436,7 @@ def _write(out: Path, args, argv, t0: float, repeats: int, nets: dict, runs: lis
     done = len(runs) + len(failures)
     data = {"command": command.strip(), "when": time.strftime("%Y-%m-%d %H:%M %Z"),
             "seconds": time.perf_counter() - t0, "repeats": repeats,
-            "min_timed_s": MIN_TIMED_S, "max_rounds": repeats if args.quick else MAX_ROUNDS,
+            "min_timed_s": args.min_timed, "max_rounds": args.max_rounds,
             "machine": {"cpu": cpu_info(), "versions": library_versions(),
                         "accelerators": sorted({r["device"] for r in runs if r.get("device")}),
                         "torch_threads": sorted({r["torch_threads"] for r in runs})},
@@ -469,6 +472,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--backends", type=lambda v: _csv(v, BACKENDS), default=list(BACKENDS))
     parser.add_argument("--dtypes", type=lambda v: _csv(v, DTYPES), default=list(DTYPES))
     parser.add_argument("--repeats", type=int, default=None, help="rounds (default 3)")
+    parser.add_argument("--min-timed", dest="min_timed", type=float, default=MIN_TIMED_S,
+                        help=f"seconds of timed calls every candidate gets on a short layer "
+                             f"(default {MIN_TIMED_S}; more resolves smaller differences)")
+    parser.add_argument("--max-rounds", dest="max_rounds", type=int, default=None,
+                        help=f"at most this many rounds per shape (default {MAX_ROUNDS}; "
+                             f"--quick: --repeats)")
     parser.add_argument("--layers", default=None,
                         help="comma-separated layer names to keep (default: all)")
     parser.add_argument("--batch", type=int, default=None, help="override every net's batch")
@@ -497,6 +506,8 @@ def main(argv=None) -> dict:
         nets = {QUICK["net"]: (QUICK["batch"], NETS[QUICK["net"]][2])}
         layers = layers or list(QUICK["layers"])
         repeats = args.repeats or QUICK["repeats"]
+    if args.max_rounds is None:
+        args.max_rounds = repeats if args.quick else MAX_ROUNDS
     if args.batch:
         nets = {n: (args.batch, size) for n, (_, size) in nets.items()}
     known_shapes = shapes_from(args.shapes_from) if args.shapes_from else {}
@@ -518,6 +529,7 @@ def main(argv=None) -> dict:
             cache = tempfile.mkdtemp(prefix="cct-convs-cache-")
             spec = {"net": net, "batch": nets[net][0], "size": nets[net][1], "dtype": dtype,
                     "repeats": repeats, "layers": layers, "quick": args.quick,
+                    "max_rounds": args.max_rounds, "min_timed_s": args.min_timed,
                     "lowerings": args.lowerings == "all" or (args.lowerings == "caffenet"
                                                              and net == "caffenet"),
                     "ceiling_sizes": [512, 1024] if args.quick else None,

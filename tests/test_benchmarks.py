@@ -277,6 +277,20 @@ def test_convs_tiny_in_process(tmp_path, monkeypatch):
     assert (tmp_path / "convs.png").stat().st_size > 1000
 
 
+def test_convs_rounds_follow_min_timed_and_max_rounds(tmp_path, monkeypatch):
+    """--min-timed / --max-rounds: a candidate short of the timed seconds gets rounds up to
+    the maximum, no more."""
+    from benchmarks import convs
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path / "cache"))
+    run = convs.run_config({"net": "tiny", "batch": 2, "size": 6, "dtype": "float32",
+                            "repeats": 1, "shapes": _TINY_CONVS[:1], "quick": True,
+                            "ceiling_sizes": [256], "lowerings": False,
+                            "max_rounds": 3, "min_timed_s": 100.0})
+    rounds = {name: c["rounds"] for name, c in run["layers"][0]["candidates"].items()
+              if "rounds" in c}
+    assert rounds and set(rounds.values()) == {3}, rounds
+
+
 @pytest.mark.slow
 def test_convs_tiny_spawned_jax_bfloat16(tmp_path):
     """The same in its own process on the JAX backend under the mixed_bfloat16 policy (the
