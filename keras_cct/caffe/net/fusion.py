@@ -39,7 +39,7 @@ def fuse_batch_norm_scale(layers: Iterable, keep: Iterable) -> List[Tuple[str, s
             continue
         x = inputs[0]
         bn = x._keras_history.operation
-        if (not isinstance(bn, CaffeBatchNorm) or bn.absorbed is not None
+        if (not isinstance(bn, CaffeBatchNorm)
                 or len(bn._inbound_nodes) != 1 or len(bn._outbound_nodes) != 1
                 or id(x) in keep_ids or not scale.per_channel(len(x.shape))):
             continue
