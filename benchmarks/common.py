@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
+import random
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -162,6 +164,42 @@ def library_versions() -> Dict[str, str]:
     return out
 
 
+#: What the ONEDNN_VERBOSE probe runs: one oneDNN matrix product in TensorFlow.
+_TF_ONEDNN_PROBE = ("import tensorflow as tf; a = tf.ones((64, 64), tf.bfloat16); "
+                    "tf.matmul(a, a).numpy()")
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_versions() -> Dict[str, str]:
+    """The oneDNN each library was built with (TensorFlow and PyTorch ship their own; the same
+    primitive can run at different speeds in each: see docs/benchmarks.md). PyTorch's from its
+    build configuration; TensorFlow's from what oneDNN prints in a short child process with
+    ``ONEDNN_VERBOSE=1`` (it prints nothing once a process has used it). Libraries that are
+    not installed, or whose version cannot be read, are left out."""
+    import importlib.util
+    import re
+    import subprocess
+    import sys
+    out = {}
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+        m = re.search(r"(?:MKL-DNN|oneDNN) v(\S+)", torch.__config__.show())
+        if m:
+            out["torch"] = m.group(1)
+    if importlib.util.find_spec("tensorflow") is not None:
+        env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="3",
+                   CUDA_VISIBLE_DEVICES="")
+        try:
+            run = subprocess.run([sys.executable, "-c", _TF_ONEDNN_PROBE], env=env,
+                                 capture_output=True, text=True, timeout=300)
+            m = re.search(r"oneDNN v(\S+)", run.stdout + run.stderr)
+            if m:
+                out["tensorflow"] = m.group(1)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return out
+
+
 def matmul_step(library: str, dtype: str = "float32", n: int = 2048):
     """(step, flops): a no-argument callable computing one ``n``-cubed matrix product in
     ``library`` (``"tensorflow"``, ``"jax"`` or ``"torch"``) and ``dtype`` (``"float32"`` /
@@ -221,6 +259,31 @@ def machine() -> Dict[str, object]:
         import tensorflow as tf
         info["tensorflow"] = tf.__version__
     return info
+
+
+def library_of(name: str, backend: str) -> str:
+    """The library candidate ``name`` runs in: PyTorch for the ``torch_*`` peers, else the
+    process' Keras backend."""
+    return "torch" if name.startswith("torch_") else backend
+
+
+def round_order(names: List[str], rnd: int, backend: str) -> List[str]:
+    """The order of round ``rnd``: each library's candidates together (the backend's first in
+    even rounds, PyTorch's first in odd ones), shuffled within a library (seeded by the round),
+    so that no candidate always follows the same one: the first step after the other library
+    ran is slow (its threads were idle; see ``benchmarks.convs.SWITCH_WARM_CALLS``), and a
+    fixed order would always charge it to the same candidates."""
+    rng = random.Random(rnd)
+    blocks: Dict[str, List[str]] = {}
+    for name in names:
+        blocks.setdefault(library_of(name, backend), []).append(name)
+    libs = sorted(blocks, key=lambda lib: (lib == backend) == bool(rnd % 2))
+    order = []
+    for lib in libs:
+        block = list(blocks[lib])
+        rng.shuffle(block)
+        order += block
+    return order
 
 
 def markdown_table(header: Sequence[str], rows: List[Sequence[object]]) -> str:

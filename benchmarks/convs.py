@@ -62,7 +62,6 @@ import gc
 import json
 import math
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -70,8 +69,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from benchmarks.common import (DEFAULT_OUT, ROOT, cpu_info, library_versions, matmul_ceiling,
-                               peak_gflops, spawn_config)
+from benchmarks.common import (DEFAULT_OUT, ROOT, cpu_info, library_of, library_versions,
+                               matmul_ceiling, onednn_versions, peak_gflops, round_order,
+                               spawn_config)
 from benchmarks.convs_report import (CEILING_SIZES, MAX_ROUNDS, MIN_TIMED_S, SLOW_FACTOR, SLOW_S,
                                      markdown, plot, summarize)
 
@@ -198,29 +198,6 @@ def gemm_probe(key: str):
     return probe
 
 
-def _library(name: str, backend: str) -> str:
-    """The library candidate ``name`` runs in: PyTorch for the ``torch_*`` peers, else the
-    process' Keras backend."""
-    return "torch" if name.startswith("torch_") else backend
-
-
-def round_order(names: List[str], rnd: int, backend: str) -> List[str]:
-    """The order of round ``rnd``: each library's candidates together (the backend's first in
-    even rounds, PyTorch's first in odd ones), shuffled within a library (seeded by the round),
-    so that no candidate always follows the same one (see :data:`SWITCH_WARM_CALLS`)."""
-    rng = random.Random(rnd)
-    blocks = {}
-    for name in names:
-        blocks.setdefault(_library(name, backend), []).append(name)
-    libs = sorted(blocks, key=lambda lib: (lib == backend) == bool(rnd % 2))
-    order = []
-    for lib in libs:
-        block = list(blocks[lib])
-        rng.shuffle(block)
-        order += block
-    return order
-
-
 def _why(exc: BaseException) -> str:
     """One line saying why a candidate failed (TensorFlow puts the cause on the last lines of
     its 'in user code:' traceback)."""
@@ -276,7 +253,7 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
         last_lib = "probes"
         for name in order:
             try:
-                lib = _library(name, backend)
+                lib = library_of(name, backend)
                 t_warm = time.perf_counter()
                 for i in range(SWITCH_WARM_CALLS if lib != last_lib else WARM_CALLS):
                     if i and time.perf_counter() - t_warm > SWITCH_WARM_S:
@@ -438,6 +415,7 @@ def _write(out: Path, args, argv, t0: float, repeats: int, nets: dict, runs: lis
             "seconds": time.perf_counter() - t0, "repeats": repeats,
             "min_timed_s": args.min_timed, "max_rounds": args.max_rounds,
             "machine": {"cpu": cpu_info(), "versions": library_versions(),
+                        "onednn": onednn_versions(),
                         "accelerators": sorted({r["device"] for r in runs if r.get("device")}),
                         "torch_threads": sorted({r["torch_threads"] for r in runs})},
             "nets": {n: {"batch": b, "size": s, "prototxt": NETS[n][0]}

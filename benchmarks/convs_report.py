@@ -135,6 +135,13 @@ def _r(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def onednn_line(machine: dict) -> str:
+    """``"; oneDNN: tensorflow 3.7.3, torch 3.12.0"`` from a result's machine record (empty
+    for results recorded before it was)."""
+    v = machine.get("onednn") or {}
+    return ("; oneDNN: " + ", ".join(f"{k} {x}" for k, x in sorted(v.items()))) if v else ""
+
+
 def markdown(data: dict) -> str:
     m = data["machine"]
     cpu = m["cpu"]
@@ -146,7 +153,7 @@ def markdown(data: dict) -> str:
         f"{cpu['matrix_units']} (flags: {', '.join(cpu['isa_flags'])})"
         + "".join(f"; accelerator: **{a}** (every candidate and GEMM ceiling on it)"
                   for a in m.get("accelerators", [])) + ". Libraries: "
-        + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + onednn_line(m) + ".", "",
         "Times: one training step (forward + backward, output fetched), best of the rounds "
         f"({data['repeats']}, more on short layers: until each candidate has "
         f"{data.get('min_timed_s', MIN_TIMED_S)} s of timed calls, at most "

@@ -49,6 +49,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from benchmarks.common import onednn_versions, round_order
 from benchmarks.nets_report import CANDIDATES, DEFAULT_NETS, markdown, plot, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,14 +200,20 @@ def build(kind: str, path: Path, shapes: dict, dtype: str) -> Callable[[], float
     raise ValueError(kind)
 
 
+#: How :func:`measure` orders a round, as the report states it.
+ORDER = "each round Keras' candidates or PyTorch's first, in turn, shuffled within each"
+
+
 def measure(steps: Dict[str, Callable[[], float]], rounds: int, warmup: int = 1,
             gap: float = 0.05, progress=None) -> Dict[str, List[float]]:
     """Seconds of one step of each candidate, ``rounds`` interleaved rounds after ``warmup``
     untimed ones (``gap`` seconds of sleep between steps lets the other framework's spinning
-    threads go to sleep)."""
+    threads go to sleep). Each round's order is :func:`benchmarks.common.round_order`'s:
+    Keras' candidates and PyTorch's in turn first, shuffled within each."""
     times: Dict[str, List[float]] = {k: [] for k in steps}
     for r in range(warmup + rounds):
-        for name, step in steps.items():
+        for name in round_order(list(steps), r, "keras"):
+            step = steps[name]
             time.sleep(gap)
             t0 = time.perf_counter()
             step()
@@ -362,6 +369,7 @@ def machine_info() -> dict:
     info["torch"] = torch.__version__
     info["torch_threads"] = torch.get_num_threads()
     info["tensorflow"] = tf.__version__
+    info["onednn"] = onednn_versions()
     info["keras"] = keras.__version__
     try:
         from importlib.metadata import version
@@ -462,6 +470,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command = "python -m benchmarks.nets" + (" " + " ".join(argv if argv is not None
                                                            else sys.argv[1:])).rstrip()
     data = {"command": command, "when": time.strftime("%Y-%m-%d %H:%M %Z"), "rounds": rounds,
+            "order": ORDER,
             "machine": machine_info(), "results": [], "notes": []}
     proto_dir = Path(tempfile.mkdtemp(prefix="cct_nets_"))
     groups = [(n, b, hw, d) for n, b, hw in nets for d in dtypes]

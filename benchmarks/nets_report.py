@@ -10,6 +10,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from benchmarks.convs_report import onednn_line
+
 # The run's nets and candidates the report states; :mod:`benchmarks.nets` runs them (defined
 # here, not there: nets.py imports this module).
 
@@ -42,11 +44,13 @@ def markdown(data: dict) -> str:
     m = data["machine"]
     lines = ["# Whole nets: one training step (forward + backward + SGD update)", "",
              f"Command: `{data['command']}` ({data['when']}); best of {data['rounds']} "
-             f"interleaved rounds after one warm-up (median in nets.json).", "",
+             f"interleaved rounds after one warm-up (median in nets.json), "
+             f"{data.get('order', 'in a fixed order')}.", "",
              f"Machine: {m.get('cpu')} ({m.get('cores')} cores; ISA: "
              f"{', '.join(m.get('isa', [])) or 'n/a'}); TensorFlow {m.get('tensorflow')}, "
              f"Keras {m.get('keras')}, PyTorch {m.get('torch')} ({m.get('torch_threads')} "
              f"threads), keras_cct {m.get('keras_cct', '?')}, Python {m.get('python')}"
+             + onednn_line(m)
              + (f"; environment: {', '.join(f'{k}={v}' for k, v in m['env'].items())}"
                 if m.get("env") else "") + ".", "",
              "| net | batch | dtype | keras_cct img/s | PyTorch best img/s | keras Conv2D img/s "

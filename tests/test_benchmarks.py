@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import subprocess
 import sys
 
@@ -305,17 +306,17 @@ def test_convs_tiny_spawned_jax_bfloat16(tmp_path):
     assert lines[0] == "SHAPES 2" and sum(x.startswith("PROGRESS") for x in lines) == 2
 
 
-def test_convs_round_order_has_no_fixed_neighbour():
+def test_round_order_has_no_fixed_neighbour():
     """Each round times every candidate once, each library's together, the backend's and
     PyTorch's first in turn; over the rounds no candidate always follows the same one (a fixed
     order had put the default HybridConv2D right after PyTorch's steps in every round, which
     cost it 5-10% on short layers)."""
-    from benchmarks import convs
+    from benchmarks.common import round_order
     names = ["hybrid", "hybrid_native", "keras_conv2d", "keras_split", "torch_nchw",
              "torch_cl"]
     before = {n: set() for n in names}
     for rnd in range(10):
-        order = convs.round_order(names, rnd, "tensorflow")
+        order = round_order(names, rnd, "tensorflow")
         assert sorted(order) == sorted(names)
         libs = ["torch" if n.startswith("torch_") else "tf" for n in order]
         first = "tf" if rnd % 2 == 0 else "torch"  # each library's block first in turn
@@ -323,6 +324,24 @@ def test_convs_round_order_has_no_fixed_neighbour():
         for prev, name in zip(["probes"] + order, order):
             before[name].add(prev)
     assert all(len(prev) >= 3 for prev in before.values()), before
+
+
+def test_nets_rounds_change_order():
+    """benchmarks.nets times every candidate once per round, Keras' and PyTorch's first in
+    turn (a fixed order had charged the step after a library switch to keras_cct and
+    torch_nchw in every round)."""
+    from benchmarks import nets
+    calls = []
+    steps = {k: (lambda k=k: calls.append(k)) for k in
+             ("keras_cct", "keras_conv2d", "torch_nchw", "torch_cl")}
+    times = nets.measure(steps, rounds=6, warmup=1, gap=0.0)
+    assert all(len(v) == 6 for v in times.values())
+    rounds = [calls[i:i + 4] for i in range(0, len(calls), 4)]
+    assert len(rounds) == 7 and all(sorted(r) == sorted(steps) for r in rounds)
+    firsts = [r[0].startswith("torch_") for r in rounds]
+    assert firsts == [i % 2 == 1 for i in range(7)], rounds
+    after_switch = {r[2] for r in rounds}  # the first of the second library's block
+    assert len(after_switch) == 4, rounds
 
 
 def test_convs_flags_and_ratios():
@@ -620,3 +639,20 @@ def test_first_step_two_processes(tmp_path):
     from benchmarks.__main__ import HEADLINES
     line = HEADLINES["first_step"](data)
     assert "tensorflow float32: HybridConv2D" in line and "processes 1-2" in line
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="TensorFlow and PyTorch use oneDNN "
+                    "on x86-64 CPUs")
+def test_onednn_versions_are_read_for_both_libraries():
+    """The benchmarks record the oneDNN in TensorFlow and in PyTorch (the same primitive runs at
+    different speeds in each), and the reports print them."""
+    import re
+
+    from benchmarks.common import onednn_versions
+    from benchmarks.convs_report import onednn_line
+    v = onednn_versions()
+    assert set(v) == {"tensorflow", "torch"}, v
+    assert all(re.fullmatch(r"\d+\.\d+(\.\d+)?", x) for x in v.values()), v
+    line = onednn_line({"onednn": v})
+    assert line == f"; oneDNN: tensorflow {v['tensorflow']}, torch {v['torch']}"
+    assert onednn_line({}) == ""
