@@ -15,6 +15,8 @@ nets    whole nets vs PyTorch          :mod:`benchmarks.nets`
 convs   every conv vs Keras / PyTorch  :mod:`benchmarks.convs`
 first   first training step, per       :mod:`benchmarks.first_step`
         process (planning, caches)
+gemm    the libraries' own GEMM        :mod:`benchmarks.gemm`
+        (TensorFlow vs PyTorch)
 ======  =============================  ==========================================
 
 Each part writes ``<part>.json``, ``<part>.md`` and ``<part>.png`` under ``--out`` (default
@@ -53,6 +55,7 @@ PARTS = {
                        "Keras Conv2D vs PyTorch"),
     "first_step": ("first", "a model's first training step, process after process: "
                             "HybridConv2D (planning, its caches) vs keras Conv2D"),
+    "gemm": ("gemm", "the matrix products under the convolutions: TensorFlow's vs PyTorch's"),
 }
 
 
@@ -170,9 +173,25 @@ def _first_step(d: dict) -> str:
     return "CaffeNet conv3-conv5's first step: " + ("; ".join(parts) or "no result")
 
 
+def _gemm(d: dict) -> str:
+    threads = max(d["threads"])
+    by = {(r["library"], r["shape"], r["dtype"]): r["gflops"] for r in d["results"]
+          if r["threads"] == threads}
+    parts = []
+    for dtype in d["dtypes"]:
+        ratios = [by[("tensorflow", s, dtype)] / by[("torch", s, dtype)] for s in d["shapes"]
+                  if ("tensorflow", s, dtype) in by and ("torch", s, dtype) in by]
+        if ratios:
+            parts.append(f"{dtype} {min(ratios):.2f}-{max(ratios):.2f}x")
+    v = d["machine"].get("onednn", {})
+    return (f"TensorFlow's GEMM vs PyTorch's ({threads} thread{'s' * (threads != 1)}): "
+            + ", ".join(parts)
+            + (f" (oneDNN {v.get('tensorflow')} vs {v.get('torch')})" if v else ""))
+
+
 HEADLINES: Dict[str, Callable[[dict], str]] = {
     "batching": _rq1, "lowering": _rq2, "planner": _rq3, "hybrid": _rq4, "flops": _rq5,
-    "nets": _nets, "convs": _convs, "first_step": _first_step}
+    "nets": _nets, "convs": _convs, "first_step": _first_step, "gemm": _gemm}
 CCT = {
     "batching": "4.5x over Caffe at 8-16 cores",
     "lowering": "Type 1 best for d < o, Type 3 for d > o: crossover at d/o about 1",
@@ -182,6 +201,7 @@ CCT = {
     "nets": "CaffeNet: CcT matched Caffe's GPU speed on a CPU (no PyTorch figure)",
     "convs": "(CcT compared with Caffe only; no per-layer Keras / PyTorch figure)",
     "first_step": "(CcT chose lowerings by its cost model, timing nothing; no figure)",
+    "gemm": "(CcT ran one BLAS for every candidate; no figure)",
 }
 
 

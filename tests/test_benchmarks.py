@@ -656,3 +656,25 @@ def test_onednn_versions_are_read_for_both_libraries():
     line = onednn_line({"onednn": v})
     assert line == f"; oneDNN: tensorflow {v['tensorflow']}, torch {v['torch']}"
     assert onednn_line({}) == ""
+
+
+def test_gemm_quick_run_and_headline(tmp_path):
+    """``python -m benchmarks.gemm --quick``: both libraries, each dtype, rates below the CPU's
+    peak, which oneDNN implementation ran, the table, the plot, and the suite's headline."""
+    from benchmarks import gemm
+    from benchmarks.__main__ import HEADLINES
+    assert gemm.main(["--quick", "--threads", "1", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "gemm.json").read_text())
+    keys = {(r["library"], r["dtype"], r["threads"]) for r in data["results"]}
+    assert keys == {(lib, d, 1) for lib in ("tensorflow", "torch")
+                    for d in ("float32", "bfloat16")}
+    for r in data["results"]:
+        m, k, n = r["mkn"]
+        assert math.isclose(r["gflops"], 2 * m * k * n / r["ms"] / 1e6, rel_tol=1e-9)
+        assert 0 < r["gflops"] < data["peak_gflops"][r["dtype"]], r
+    assert set(data["implementations"]) == {"tensorflow", "torch"}
+    md = (tmp_path / "gemm.md").read_text()
+    assert "| 1 | bfloat16 | small | 256x256x256 |" in md
+    assert (tmp_path / "gemm.png").stat().st_size > 0
+    line = HEADLINES["gemm"](data)
+    assert line.startswith("TensorFlow's GEMM vs PyTorch's (1 thread): float32 ")
