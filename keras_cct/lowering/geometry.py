@@ -137,8 +137,15 @@ class ConvGeometry:
         if self.pad == ((0, 0), (0, 0)):
             return "valid"
         (t, b), (l, r) = self.pad
-        same = (_same_pads(self.in_h, self.ekh, self.sh), _same_pads(self.in_w, self.ekw, self.sw))
-        return "same" if self.pad == same and t == b and l == r else None
+        return "same" if self.pads_are_same and t == b and l == r else None
+
+    @property
+    def pads_are_same(self) -> bool:
+        """Whether the pads are those of Keras' ``padding="same"`` (the extra row and column,
+        where the total is odd, at the bottom and right, as TensorFlow and XLA put it): what a
+        ``Conv2D(padding="same")`` computes, symmetric or not."""
+        return self.pad == (_same_pads(self.in_h, self.ekh, self.sh),
+                            _same_pads(self.in_w, self.ekw, self.sw))
 
     def flops(self, batch: int | None = None) -> int:
         """Multiply-add flops (x2) of the direct convolution for ``batch`` images."""
