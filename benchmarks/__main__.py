@@ -17,6 +17,8 @@ first   first training step, per       :mod:`benchmarks.first_step`
         process (planning, caches)
 gemm    the libraries' own GEMM        :mod:`benchmarks.gemm`
         (TensorFlow vs PyTorch)
+keras   keras.applications models,     :mod:`benchmarks.keras_models`
+        hybridized vs as built
 ======  =============================  ==========================================
 
 Each part writes ``<part>.json``, ``<part>.md`` and ``<part>.png`` under ``--out`` (default
@@ -56,6 +58,8 @@ PARTS = {
     "first_step": ("first", "a model's first training step, process after process: "
                             "HybridConv2D (planning, its caches) vs keras Conv2D"),
     "gemm": ("gemm", "the matrix products under the convolutions: TensorFlow's vs PyTorch's"),
+    "keras_models": ("keras", "Keras' own models (keras.applications): keras_cct.hybridize vs "
+                              "the model as built"),
 }
 
 
@@ -189,9 +193,24 @@ def _gemm(d: dict) -> str:
             + (f" (oneDNN {v.get('tensorflow')} vs {v.get('torch')})" if v else ""))
 
 
+def _keras_models(d: dict) -> str:
+    parts = []
+    for run in d["runs"]:
+        ratios = [r["images_per_s"]["hybrid"] / r["images_per_s"]["keras"]
+                  for r in run["results"]]
+        twins = [r["images_per_s"]["keras_again"] / r["images_per_s"]["keras"]
+                 for r in run["results"]]
+        if ratios:
+            parts.append(f"{run['backend']} {run['dtype']} {min(ratios):.2f}-{max(ratios):.2f}x"
+                         f" (Keras' second copy {min(twins):.2f}-{max(twins):.2f}x)")
+    return "hybridized Keras models' training step vs as built: " + ("; ".join(parts)
+                                                                    or "no result")
+
+
 HEADLINES: Dict[str, Callable[[dict], str]] = {
     "batching": _rq1, "lowering": _rq2, "planner": _rq3, "hybrid": _rq4, "flops": _rq5,
-    "nets": _nets, "convs": _convs, "first_step": _first_step, "gemm": _gemm}
+    "nets": _nets, "convs": _convs, "first_step": _first_step, "gemm": _gemm,
+    "keras_models": _keras_models}
 CCT = {
     "batching": "4.5x over Caffe at 8-16 cores",
     "lowering": "Type 1 best for d < o, Type 3 for d > o: crossover at d/o about 1",
@@ -202,6 +221,7 @@ CCT = {
     "convs": "(CcT compared with Caffe only; no per-layer Keras / PyTorch figure)",
     "first_step": "(CcT chose lowerings by its cost model, timing nothing; no figure)",
     "gemm": "(CcT ran one BLAS for every candidate; no figure)",
+    "keras_models": "(CcT ran Caffe's nets only; no figure)",
 }
 
 

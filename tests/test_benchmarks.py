@@ -678,3 +678,27 @@ def test_gemm_quick_run_and_headline(tmp_path):
     assert (tmp_path / "gemm.png").stat().st_size > 0
     line = HEADLINES["gemm"](data)
     assert line.startswith("TensorFlow's GEMM vs PyTorch's (1 thread): float32 ")
+
+
+def test_keras_models_tiny_run(tmp_path):
+    """``python -m benchmarks.keras_models`` on a tiny Keras model ("same" padding at strides
+    on even sizes, a grouped layer, BatchNormalization) on this backend: the hybridized model's
+    predictions are the Keras model's, every candidate is timed, the table, plot and headline."""
+    from benchmarks import keras_models
+    from benchmarks.__main__ import HEADLINES
+    backend = keras.backend.backend()
+    assert keras_models.main(["--models", "tiny", "--backends", backend, "--dtypes",
+                              "float32", "--batch", "2", "--size", "16", "--rounds", "1",
+                              "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "keras_models.json").read_text())
+    (run,) = data["runs"]
+    (res,) = run["results"]
+    assert run["backend"] == backend and res["model"] == "tiny" and res["convs"] == 3
+    assert sum(res["picks"].values()) == 3
+    assert res["predict_rel_err"] < 1e-5
+    assert set(res["images_per_s"]) == set(keras_models.CANDIDATES)
+    assert all(_finite_positive(v) for v in res["images_per_s"].values())
+    assert f"| {backend} | float32 | tiny |" in (tmp_path / "keras_models.md").read_text()
+    assert (tmp_path / "keras_models.png").stat().st_size > 0
+    assert HEADLINES["keras_models"](data).startswith(
+        f"hybridized Keras models' training step vs as built: {backend} float32 ")
