@@ -3,6 +3,9 @@
 * :func:`conv_arguments` -- the convolution arguments of either layer (what every conversion
   reads: the ONNX export's plain convolution is made from them too).
 * :func:`to_hybrid` -- a ``Conv2D`` as an equal HybridConv2D (``hybridize``).
+* :func:`depthwise_to_hybrid` / :func:`depthwise_kernel_as_grouped` -- a ``DepthwiseConv2D``
+  as the equal grouped HybridConv2D (one group per input channel), and its kernel in that
+  layout (``hybridize``).
 * :func:`keras_conv_layers` / :func:`to_keras_conv` -- a convolution with explicit (Caffe)
   padding as Keras' own layers: a ``ZeroPadding2D`` in front of a ``padding="valid"``
   ``Conv2D`` (Conv2D has no explicit padding); used by the Caffe builder's ``conv_impl="keras"``
@@ -21,8 +24,8 @@ import keras
 
 from keras_cct.layers.hybrid_conv2d import HybridConv2D
 
-__all__ = ["CONV_ARGUMENTS", "conv_arguments", "to_hybrid", "keras_conv_layers",
-           "to_keras_conv"]
+__all__ = ["CONV_ARGUMENTS", "conv_arguments", "to_hybrid", "depthwise_to_hybrid",
+           "depthwise_kernel_as_grouped", "keras_conv_layers", "to_keras_conv"]
 
 #: the arguments that define a convolution (the rest are initializers, regularizers, ...)
 CONV_ARGUMENTS = ("filters", "kernel_size", "strides", "padding", "data_format",
@@ -47,6 +50,39 @@ def to_hybrid(layer: keras.layers.Conv2D, **overrides: Any) -> HybridConv2D:
     config = {k: v for k, v in layer.get_config().items() if k in accepted}
     config.update(overrides)
     return HybridConv2D(**config)
+
+
+#: DepthwiseConv2D's argument names -> HybridConv2D's
+_DEPTHWISE_NAMES = {"depthwise_initializer": "kernel_initializer",
+                    "depthwise_regularizer": "kernel_regularizer",
+                    "depthwise_constraint": "kernel_constraint"}
+
+
+def depthwise_to_hybrid(layer: keras.layers.DepthwiseConv2D, channels: int,
+                        **overrides: Any) -> HybridConv2D:
+    """The HybridConv2D computing ``layer``, a depthwise convolution of ``channels`` input
+    channels: ``groups=channels``, ``filters=channels * depth_multiplier`` (output channel
+    ``c * depth_multiplier + m``, as Keras orders them), with its name, dtype, trainability,
+    activation, bias, initializers and regularizers; ``overrides`` are passed on. Weights are not
+    copied: the kernel goes through :func:`depthwise_kernel_as_grouped`. A kernel constraint is
+    applied to the grouped layout ``(kh, kw, 1, channels * depth_multiplier)``."""
+    accepted = set(inspect.signature(HybridConv2D.__init__).parameters) | {"name", "dtype",
+                                                                           "trainable"}
+    config = {}
+    for key, value in layer.get_config().items():
+        key = _DEPTHWISE_NAMES.get(key, key)
+        if key in accepted:
+            config[key] = value
+    config.update(filters=int(channels) * int(layer.depth_multiplier), groups=int(channels))
+    config.update(overrides)
+    return HybridConv2D(**config)
+
+
+def depthwise_kernel_as_grouped(kernel):
+    """A ``DepthwiseConv2D`` kernel ``(kh, kw, channels, depth_multiplier)`` in the grouped
+    layout ``(kh, kw, 1, channels * depth_multiplier)`` (a reshape: the same order)."""
+    kh, kw, c, m = kernel.shape
+    return kernel.reshape(kh, kw, 1, c * m)
 
 
 def keras_conv_layers(filters: int, kernel_size, *, padding="valid", name: Optional[str] = None,

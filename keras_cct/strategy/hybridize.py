@@ -1,13 +1,15 @@
-"""hybridize: an existing Keras model with every Conv2D replaced by an equal HybridConv2D."""
+"""hybridize: an existing Keras model with every Conv2D and DepthwiseConv2D replaced by an equal
+HybridConv2D."""
 
 from __future__ import annotations
 
 import keras
 
-from keras_cct.layers.convert import to_hybrid
+from keras_cct.layers.convert import depthwise_kernel_as_grouped, depthwise_to_hybrid, to_hybrid
 
 
-def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto") -> keras.Model:
+def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
+              depthwise: bool = True) -> keras.Model:
     """A copy of ``model`` in which every ``keras.layers.Conv2D`` is a HybridConv2D with the same
     configuration and weights, bound to ``strategy`` when one is given.
 
@@ -15,14 +17,33 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto") -> k
         model: a functional or Sequential model (``keras.models.clone_model`` must accept it).
         strategy: a :class:`~keras_cct.CCTStrategy`, or None for plain HybridConv2D layers.
         lowering: the new layers' ``lowering``.
+        depthwise: also replace every ``keras.layers.DepthwiseConv2D`` by the equal grouped
+            HybridConv2D (one group per input channel; the kernel reshaped, not changed).
+            HybridConv2D runs TensorFlow's own depthwise op there, PyTorch's grouped
+            convolution on the channels-last tensor (without Keras' NCHW copies), and on JAX
+            shifted multiply-adds in place of XLA's grouped convolution (MobileNet's depthwise
+            layers trained 1.5-2.3x as fast on PyTorch, 6.6-21x on JAX; docs/benchmarks.md).
     """
     def clone(layer):
         if type(layer) is keras.layers.Conv2D:
             new = to_hybrid(layer, lowering=lowering)
-            new._strategy = strategy
-            return new
-        return layer.__class__.from_config(layer.get_config())
+        elif depthwise and type(layer) is keras.layers.DepthwiseConv2D:
+            new = depthwise_to_hybrid(layer, _channels(layer), lowering=lowering)
+        else:
+            return layer.__class__.from_config(layer.get_config())
+        new._strategy = strategy
+        return new
 
     copy = keras.models.clone_model(model, clone_function=clone)
-    copy.set_weights(model.get_weights())
+    weights = []
+    for var, value in zip(copy.weights, model.get_weights()):
+        if tuple(var.shape) != value.shape:  # a depthwise kernel, now grouped
+            value = depthwise_kernel_as_grouped(value)
+        weights.append(value)
+    copy.set_weights(weights)
     return copy
+
+
+def _channels(layer: keras.layers.DepthwiseConv2D) -> int:
+    """The input channels of a built DepthwiseConv2D (its kernel's third axis)."""
+    return int(layer.kernel.shape[2])

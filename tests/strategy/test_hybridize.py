@@ -1,0 +1,74 @@
+"""keras_cct.hybridize on every backend: Conv2D and DepthwiseConv2D layers become equal
+HybridConv2D layers; the Keras model is the reference (outputs, and weights after training)."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_cct import HybridConv2D, hybridize
+from tests import reference as ref
+from tests.backend_grads import to_numpy
+
+
+def _model():
+    """MobileNet's pattern: a strided "same" Conv2D, depthwise layers (stride 2 on an even size,
+    a depth multiplier, a bias and an activation), a 1x1 Conv2D, BatchNormalization."""
+    keras.utils.set_random_seed(4)
+    inp = keras.Input((12, 12, 3))
+    h = keras.layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False)(inp)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.ReLU()(h)
+    h = keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False, name="dw1")(h)
+    h = keras.layers.DepthwiseConv2D(3, strides=2, padding="same", depth_multiplier=2,
+                                     activation="relu", name="dw2")(h)
+    h = keras.layers.Conv2D(5, 1)(h)
+    out = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h))
+    return keras.Model(inp, out)
+
+
+def _compiled(model):
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_depthwise_layers_become_grouped_hybrid_layers():
+    """Every Conv2D and DepthwiseConv2D is a HybridConv2D (a depthwise one with one group per
+    input channel, ``channels * depth_multiplier`` filters, its bias and activation); the
+    predictions are the Keras model's, and so are the weights after three SGD steps (the
+    depthwise kernels reshaped to Keras' layout)."""
+    model = _model()
+    hybrid = hybridize(model)
+    convs = {layer.name: layer for layer in hybrid.layers if isinstance(layer, HybridConv2D)}
+    assert len(convs) == 4
+    assert not any(isinstance(layer, keras.layers.DepthwiseConv2D) for layer in hybrid.layers)
+    dw1, dw2 = convs["dw1"], convs["dw2"]
+    assert (dw1.groups, dw1.filters, dw1.use_bias) == (8, 8, False)
+    assert (dw2.groups, dw2.filters, dw2.strides, dw2.use_bias) == (8, 16, (2, 2), True)
+    assert dw2.activation is keras.activations.relu
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 12, 12, 3)).astype("float32")
+    y = rng.integers(0, 3, 6)
+    assert ref.rel_err(to_numpy(hybrid.predict_on_batch(x)),
+                       to_numpy(model.predict_on_batch(x))) <= 1e-5
+    for m in (_compiled(model), _compiled(hybrid)):
+        for _ in range(3):
+            m.train_on_batch(x, y)
+    for a, b in zip(hybrid.get_weights(), model.get_weights()):
+        if a.shape != b.shape:  # a depthwise kernel: (kh, kw, 1, c * m) against (kh, kw, c, m)
+            assert a.shape == (b.shape[0], b.shape[1], 1, b.shape[2] * b.shape[3])
+            a = a.reshape(b.shape)
+        assert ref.rel_err(a, b) <= 1e-4
+
+
+@pytest.mark.parametrize("depthwise", [True, False])
+def test_depthwise_conversion_can_be_turned_off(depthwise):
+    """``depthwise=False`` converts the Conv2D layers only; the weights copy either way."""
+    model = _model()
+    hybrid = hybridize(model, depthwise=depthwise)
+    kinds = [type(layer).__name__ for layer in hybrid.layers
+             if isinstance(layer, (HybridConv2D, keras.layers.DepthwiseConv2D))]
+    assert kinds == ["HybridConv2D"] * 4 if depthwise else [
+        "HybridConv2D", "DepthwiseConv2D", "DepthwiseConv2D", "HybridConv2D"]
+    x = np.random.default_rng(1).standard_normal((2, 12, 12, 3)).astype("float32")
+    assert ref.rel_err(to_numpy(hybrid(x)), to_numpy(model(x))) <= 1e-5
