@@ -167,7 +167,8 @@ def markdown(data: dict) -> str:
                          f"{r['predict_rel_err']:.1e}"])
     lines.append(markdown_table(
         ["backend", "dtype", "model", "Keras img/s", "hybridized img/s", "hybridized / Keras",
-         "Keras again / Keras", "Keras first use s", "hybridized first use s", "Conv2D",
+         "Keras again / Keras", "Keras first use s", "hybridized first use s",
+         "HybridConv2D layers",
          "HybridConv2D picks", "predictions rel. diff."], rows))
     for fail in data["failures"]:
         lines.append(f"- failed: {fail['backend']} {fail['dtype']}: {fail['error']}")
