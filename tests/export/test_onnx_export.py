@@ -136,6 +136,21 @@ def test_grouped_keras_conv2d_and_channels_first(tmp_path):
     assert rel_err(got, model.predict(x, verbose=0)) <= 1e-5
 
 
+def test_hybridized_depthwise_layers_export(tmp_path):
+    """keras_cct.hybridize turns DepthwiseConv2D layers into grouped HybridConv2D layers (one
+    group per channel, a depth multiplier): onnxruntime on the export gives the Keras model's
+    output, from a graph of standard Conv nodes."""
+    from tests.strategy.test_hybridize import _model
+    model = _model()  # random kernels (BatchNormalization's statistics stay valid)
+    hybrid = keras_cct.hybridize(model)
+    path = export_onnx(hybrid, tmp_path / "dw.onnx")
+    proto = onnx.load(str(path))
+    assert [n.op_type for n in proto.graph.node].count("Conv") == 4
+    x = np.random.default_rng(3).standard_normal((2, 12, 12, 3)).astype(np.float32)
+    (got,) = _session(path).run(None, {proto.graph.input[0].name: x})
+    assert rel_err(got, model.predict(x, verbose=0)) <= 1e-5
+
+
 def test_two_inputs_two_outputs(tmp_path):
     a = keras.Input((5, 5, 2), name="left")
     b = keras.Input((5, 5, 2), name="right")
