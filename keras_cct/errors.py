@@ -80,6 +80,12 @@ class XlaCacheLogWarning(UserWarning):
     cache (see :func:`keras_cct.lowering._backend.tensorflow.persistent_xla_cache`)."""
 
 
+class HybridizeWarning(UserWarning):
+    """:func:`keras_cct.hybridize` found no layer to convert (no ``Conv2D`` or
+    ``DepthwiseConv2D`` in the model's graph, nested models included): the copy computes as the
+    model did, with Keras' own layers."""
+
+
 class DeviceError(KerasCCTError, RuntimeError):
     """A device is unknown, unavailable, or failed while computing."""
 

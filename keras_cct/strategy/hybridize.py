@@ -3,8 +3,11 @@ HybridConv2D."""
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 
+from keras_cct.errors import HybridizeWarning
 from keras_cct.layers.convert import depthwise_kernel_as_grouped, depthwise_to_hybrid, to_hybrid
 
 
@@ -12,6 +15,11 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
               depthwise: bool = True) -> keras.Model:
     """A copy of ``model`` in which every ``keras.layers.Conv2D`` is a HybridConv2D with the same
     configuration and weights, bound to ``strategy`` when one is given.
+
+    Models nested in ``model`` (``keras.Sequential([base, Dense(10)])``, or a functional model
+    calling ``base``) are converted too. A model without any layer to convert is copied as it
+    is, with a :class:`~keras_cct.errors.HybridizeWarning` (the layers of a subclassed model
+    are not reached).
 
     Args:
         model: a functional or Sequential model (``keras.models.clone_model`` must accept it).
@@ -24,6 +32,8 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
             shifted multiply-adds in place of XLA's grouped convolution (MobileNet's depthwise
             layers trained 1.5-2.3x as fast on PyTorch, 6.6-21x on JAX; docs/benchmarks.md).
     """
+    converted = []
+
     def clone(layer):
         if type(layer) is keras.layers.Conv2D:
             new = to_hybrid(layer, lowering=lowering)
@@ -32,9 +42,15 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
         else:
             return layer.__class__.from_config(layer.get_config())
         new._strategy = strategy
+        converted.append(layer.name)
         return new
 
-    copy = keras.models.clone_model(model, clone_function=clone)
+    copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    if not converted:
+        kinds = "Conv2D or DepthwiseConv2D" if depthwise else "Conv2D"
+        warnings.warn(f"hybridize: model {model.name!r} has no {kinds} layer to convert (a "
+                      f"subclassed model's or layer's own layers are not reached); the copy "
+                      f"runs Keras' layers as before", HybridizeWarning, stacklevel=2)
     weights = []
     for var, value in zip(copy.weights, model.get_weights()):
         if tuple(var.shape) != value.shape:  # a depthwise kernel, now grouped

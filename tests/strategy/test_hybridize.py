@@ -72,3 +72,39 @@ def test_depthwise_conversion_can_be_turned_off(depthwise):
         "HybridConv2D", "DepthwiseConv2D", "DepthwiseConv2D", "HybridConv2D"]
     x = np.random.default_rng(1).standard_normal((2, 12, 12, 3)).astype("float32")
     assert ref.rel_err(to_numpy(hybrid(x)), to_numpy(model(x))) <= 1e-5
+
+
+@pytest.mark.parametrize("wrap", ["sequential", "functional"])
+def test_models_nested_in_the_model_are_converted(wrap):
+    """Transfer learning's usual form, ``Sequential([base, Dense])`` or a functional model
+    calling ``base``: the base model's layers are converted too (they were left as Keras'
+    before), with its weights; outputs and trained weights are the Keras model's."""
+    base = _model()
+    if wrap == "sequential":
+        model = keras.Sequential([keras.Input((12, 12, 3)), base, keras.layers.Dense(2)])
+    else:
+        inp = keras.Input((12, 12, 3))
+        model = keras.Model(inp, keras.layers.Dense(2)(base(inp)))
+    hybrid = hybridize(model)
+    convs = [layer for layer in hybrid._flatten_layers() if isinstance(layer, HybridConv2D)]
+    assert len(convs) == 4
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 12, 12, 3)).astype("float32")
+    y = rng.integers(0, 2, 4)
+    assert ref.rel_err(to_numpy(hybrid(x)), to_numpy(model(x))) <= 1e-5
+    for m in (_compiled(model), _compiled(hybrid)):
+        m.train_on_batch(x, y)
+    for a, b in zip(hybrid.get_weights(), model.get_weights()):
+        assert ref.rel_err(a.reshape(b.shape), b) <= 1e-4
+
+
+def test_a_model_without_convolutions_warns():
+    """Nothing to convert (here a model of Dense layers): the copy computes as the model, and a
+    HybridizeWarning says that nothing was converted."""
+    from keras_cct.errors import HybridizeWarning
+    inp = keras.Input((5,))
+    model = keras.Model(inp, keras.layers.Dense(3)(keras.layers.Dense(4)(inp)))
+    with pytest.warns(HybridizeWarning, match="has no Conv2D or DepthwiseConv2D layer"):
+        copy = hybridize(model)
+    x = np.random.default_rng(0).standard_normal((2, 5)).astype("float32")
+    assert ref.rel_err(to_numpy(copy(x)), to_numpy(model(x))) <= 1e-6
