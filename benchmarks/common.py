@@ -286,6 +286,19 @@ def round_order(names: List[str], rnd: int, backend: str) -> List[str]:
     return order
 
 
+def machine_line(machine: dict) -> str:
+    """The report's line naming the machine: ``machine["cpu"]`` (:func:`cpu_info`) and, where
+    recorded, ``machine["versions"]`` (:func:`library_versions`)."""
+    cpu = machine["cpu"]
+    line = (f"Machine: **{cpu['model']}**, {cpu['logical_cores']} logical cores "
+            f"({cpu['usable_cores']} usable), vector units: {cpu['vector_units']}, matrix "
+            f"units: {cpu['matrix_units']}.")
+    if machine.get("versions"):
+        line += " Libraries: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()) \
+            + "."
+    return line
+
+
 def markdown_table(header: Sequence[str], rows: List[Sequence[object]]) -> str:
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)

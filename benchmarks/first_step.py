@@ -36,8 +36,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from benchmarks.common import (DEFAULT_OUT, cpu_info, library_versions, markdown_table,
-                               spawn_config, write_results)
+from benchmarks.common import (DEFAULT_OUT, cpu_info, library_versions, machine_line,
+                               markdown_table, spawn_config, write_results)
 
 KINDS = ("keras_conv2d", "hybrid")
 LAYERS = (("conv3", 384, 1), ("conv4", 384, 2), ("conv5", 256, 2))  # name, filters, groups
@@ -107,13 +107,9 @@ def run_config(spec: dict) -> dict:
 # ------------------------------------------------------------------------------ the report
 
 def render(data: dict) -> str:
-    cpu = data["machine"]["cpu"]
     lines = ["# First training step, process after process: HybridConv2D vs keras Conv2D", "",
              f"Command: `{data['command']}` ({data['when']}, {data['seconds']:.0f} s).", "",
-             f"Machine: **{cpu['model']}**, {cpu['logical_cores']} logical cores "
-             f"({cpu['usable_cores']} usable), vector units: {cpu['vector_units']}, matrix "
-             f"units: {cpu['matrix_units']}. Libraries: " + ", ".join(
-                 f"{k} {v}" for k, v in data["machine"]["versions"].items()) + ".", "",
+             machine_line(data["machine"]), "",
              "Model: CaffeNet conv3-conv5 (13x13x256 in, batch "
              f"{data['batch']}), ReLU, global average pooling, Dense(10), SGD. Each row is one "
              "process: its first `train_on_batch` (tracing, compiling and HybridConv2D's "

@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from benchmarks.common import (DEFAULT_OUT, ROOT, cpu_info, library_versions, markdown_table,
+from benchmarks.common import (DEFAULT_OUT, ROOT, cpu_info, library_versions, machine_line,
+                               markdown_table,
                                onednn_versions, peak_gflops, spawn_config, write_results)
 
 #: name -> (M, K, N): the products timed (see the module docstring).
@@ -130,14 +131,12 @@ def implementations() -> Dict[str, Dict[str, str]]:
 
 
 def markdown(data: dict) -> str:
-    cpu = data["machine"]["cpu"]
     v = data["machine"]["onednn"]
     lines = ["# Matrix products: TensorFlow against PyTorch", "",
              f"Command: `{data['command']}` ({data['when']}); best of {data['rounds']} "
              "interleaved rounds in one process per thread count, each timed call after an "
              "untimed one.", "",
-             f"Machine: **{cpu['model']}** ({cpu['usable_cores']} usable cores), vector units: "
-             f"{cpu['vector_units']}, matrix units: {cpu['matrix_units']}. oneDNN: "
+             machine_line(data["machine"]) + " oneDNN: "
              + ", ".join(f"{k} {x}" for k, x in sorted(v.items())) + ". Implementation run "
              "(ONEDNN_VERBOSE): "
              + "; ".join(f"{lib} {dt} `{impl}`" for lib, per in sorted(data["implementations"]

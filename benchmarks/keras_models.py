@@ -42,8 +42,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from benchmarks.common import (DEFAULT_OUT, cpu_info, library_versions, markdown_table,
-                               spawn_config, write_results)
+from benchmarks.common import (DEFAULT_OUT, cpu_info, library_versions, machine_line,
+                               markdown_table, spawn_config, write_results)
 
 #: name -> keras.applications constructor name
 MODELS = {"resnet50": "ResNet50", "mobilenet_v2": "MobileNetV2", "vgg16": "VGG16",
@@ -141,12 +141,9 @@ def _ratio(r: dict, kind: str) -> float:
 
 
 def markdown(data: dict) -> str:
-    cpu = data["machine"]["cpu"]
     lines = ["# Keras' own models, hybridized", "",
              f"Command: `{data['command']}` ({data['when']}, {data['seconds']:.0f} s).", "",
-             f"Machine: **{cpu['model']}** ({cpu['usable_cores']} usable cores), vector units: "
-             f"{cpu['vector_units']}, matrix units: {cpu['matrix_units']}. Libraries: "
-             + ", ".join(f"{k} {v}" for k, v in data["machine"]["versions"].items()) + ".", "",
+             machine_line(data["machine"]), "",
              f"`keras.applications` models (`weights=None`, `include_top=False`, average "
              f"pooling, Dense(1000)) at batch {data['batch']}, {data['size']}x{data['size']}: "
              "images/s of `train_on_batch` (SGD), best of "
