@@ -45,11 +45,19 @@ def conv_arguments(layer) -> Dict[str, Any]:
 def to_hybrid(layer: keras.layers.Conv2D, **overrides: Any) -> HybridConv2D:
     """A HybridConv2D with ``layer``'s configuration (its name, dtype and trainability too);
     ``overrides`` (e.g. ``lowering=``) are passed on. Weights are not copied."""
+    return _hybrid_from(layer.get_config(), overrides)
+
+
+def _hybrid_from(config: Dict[str, Any], overrides: Dict[str, Any],
+                 renames: Optional[Dict[str, str]] = None) -> HybridConv2D:
+    """A HybridConv2D from a Keras layer's config: the keys HybridConv2D takes (after
+    ``renames``), then ``overrides``."""
     accepted = set(inspect.signature(HybridConv2D.__init__).parameters) | {"name", "dtype",
                                                                            "trainable"}
-    config = {k: v for k, v in layer.get_config().items() if k in accepted}
-    config.update(overrides)
-    return HybridConv2D(**config)
+    renames = renames or {}
+    kept = {renames.get(k, k): v for k, v in config.items()}
+    kept = {k: v for k, v in kept.items() if k in accepted}
+    return HybridConv2D(**{**kept, **overrides})
 
 
 #: DepthwiseConv2D's argument names -> HybridConv2D's
@@ -66,16 +74,8 @@ def depthwise_to_hybrid(layer: keras.layers.DepthwiseConv2D, channels: int,
     activation, bias, initializers and regularizers; ``overrides`` are passed on. Weights are not
     copied: the kernel goes through :func:`depthwise_kernel_as_grouped`. A kernel constraint is
     applied to the grouped layout ``(kh, kw, 1, channels * depth_multiplier)``."""
-    accepted = set(inspect.signature(HybridConv2D.__init__).parameters) | {"name", "dtype",
-                                                                           "trainable"}
-    config = {}
-    for key, value in layer.get_config().items():
-        key = _DEPTHWISE_NAMES.get(key, key)
-        if key in accepted:
-            config[key] = value
-    config.update(filters=int(channels) * int(layer.depth_multiplier), groups=int(channels))
-    config.update(overrides)
-    return HybridConv2D(**config)
+    grouped = dict(filters=int(channels) * int(layer.depth_multiplier), groups=int(channels))
+    return _hybrid_from(layer.get_config(), {**grouped, **overrides}, _DEPTHWISE_NAMES)
 
 
 def depthwise_kernel_as_grouped(kernel):

@@ -72,8 +72,8 @@ CACHE_VERSION = 16  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   first uses); 13: a candidate far behind is dropped (AUTO_DROP_BEHIND);
 #                   14: TensorFlow's native grouped layers are one grouped Conv2D (faster);
 #                   15: TF's Winograd raced at the layer's batch (race_batch), F(4x4)
-#                   first on large planes (auto_order); 16: JAX's native pads in the
-#                   convolution wherever the pads are "same"'s, uneven ones too
+#                   first on large planes (auto_order); 16: JAX's and TF's native pad
+#                   in the convolution wherever the pads are "same"'s, uneven ones too
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the

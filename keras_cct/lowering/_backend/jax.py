@@ -113,7 +113,7 @@ def native_conv(x, kernel, geo: ConvGeometry, bias=None):
 
 def _native_conv(x, kernel, geo: ConvGeometry):
     padding = [tuple(geo.pad[0]), tuple(geo.pad[1])]
-    if geo.keras_padding is None and not geo.pads_are_same:  # ZeroPadding2D + Conv2D
+    if geo.pad != ((0, 0), (0, 0)) and not geo.pads_are_same:  # ZeroPadding2D + Conv2D
         x, padding = jnp.pad(x, [(0, 0)] + padding + [(0, 0)]), "VALID"
 
     def conv(inp, k, groups=1):
