@@ -91,7 +91,20 @@ class _LayerPlan:
             f = self.strategy.active.astype(np.float64)
         bounds = np.round(np.cumsum(f / f.sum()) * batch).astype(np.int64)
         bounds[-1] = batch
-        return np.diff(np.concatenate([[0], bounds])).astype(np.int32)
+        sizes = np.diff(np.concatenate([[0], bounds]))
+        if not self.strategy.rebalance:  # a fixed split: the fractions as given, rounded
+            return sizes.astype(np.int32)
+        # rebalancing, a device with a share keeps at least one image, so it keeps being
+        # measured (a share under one image -- min_fraction at a small batch, or a rounding
+        # -- left it without a time, stuck there); the image comes from the largest shard
+        starved = np.flatnonzero((f > 0) & (sizes == 0))
+        for i in starved[np.argsort(-f[starved], kind="stable")]:
+            j = int(np.argmax(sizes))
+            if sizes[j] <= 1:
+                break
+            sizes[j] -= 1
+            sizes[i] += 1
+        return sizes.astype(np.int32)
 
     # ---- called from the backend's threads through host callbacks
     def next_sizes(self, phase: str, tied: bool, batch, fixed=None) -> np.ndarray:
@@ -151,7 +164,8 @@ class _LayerPlan:
         share = f[busy].sum()
         target = rates / rates.sum() * share
         step = np.clip(s.smoothing * (target - f[busy]), -s.max_step, s.max_step)
-        # the floor keeps a device measured: min_fraction, or one image if that is less
+        # the floor: min_fraction, or one image if that is less (_sizes gives every device
+        # with a share at least one image, whatever the fraction)
         floor = min(s.min_fraction, 1.0 / max(batch, 1))
         f[busy] = np.maximum(f[busy] + step, floor)
         ph.fractions = f / f.sum()
@@ -175,10 +189,12 @@ class CCTStrategy:
             finish times (a device that slows down gets less work).
         smoothing: fraction of the way to the balanced split moved per step.
         max_step: largest change of one device's fraction per step.
-        min_fraction: floor of an active device's fraction while rebalancing (it keeps being
-            measured), or one image of the batch if that is less. A device whose one image
-            takes longer than the other devices' whole batch (a CPU beside a GPU) is parked
-            for that layer's pass once it has run a few steps: it gets no more shards there.
+        min_fraction: floor of an active device's fraction while rebalancing, or one image
+            of the batch if that is less. Every active device keeps at least one image of
+            each step (while the batch has one for each), so it keeps being measured and its
+            share can grow again after a slow step. A device whose one image takes longer
+            than the other devices' whole batch (a CPU beside a GPU) is parked for that
+            layer's pass once it has run a few steps: it gets no more shards there.
         backward_split: ``"own"`` (the backward pass has a split of its own, balanced on
             backward times; TensorFlow shards lower their input again), ``"forward"`` (the
             backward reuses the forward's shards and lowered data; one split balanced on

@@ -51,3 +51,27 @@ def test_the_floor_is_one_image_when_min_fraction_would_give_more():
     plan = _plan([0.02, 0.98])
     sizes = _run(plan, 256, [1 / 1560, 1 / 172e3], 40)
     assert 1 <= sizes[0] <= 3, sizes
+
+
+def test_a_device_slowed_during_warm_up_keeps_an_image_and_recovers():
+    """Two equal devices at batch 8; the first one's first steps are slow (compilation, a
+    busy machine). Its fraction falls under one image (0.05 of 8), where it got no image,
+    was never timed again and stayed there. It keeps one image and comes back to half the
+    batch."""
+    plan = _plan([0.5, 0.5])
+    sizes = None
+    for step in range(40):
+        sizes = plan.next_sizes("forward", False, 8)
+        assert sizes[0] >= 1, (step, sizes)
+        for i, n in enumerate(sizes):
+            slow = 1.0 if (i == 0 and step < PARK_AFTER) else 0.0
+            plan.record("forward", i, slow + n * 1e-3)
+    assert abs(int(sizes[0]) - 4) <= 1, sizes
+
+
+def test_every_device_with_a_share_gets_an_image_while_the_batch_has_one_for_each():
+    plan = _plan([0.01, 0.01, 0.98])
+    assert list(plan.sizes("forward", 8)) == [1, 1, 6]
+    assert list(plan.sizes("forward", 2)) == [1, 0, 1]  # batch 2 for 3 devices
+    plan.phases["forward"].fractions = np.array([0.0, 0.02, 0.98])  # parked: none
+    assert list(plan.sizes("forward", 8)) == [0, 1, 7]
