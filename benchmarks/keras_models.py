@@ -11,7 +11,8 @@ strided layers), and put BatchNormalization, activations and additions of their 
 convolutions. Here each ``keras.applications`` model (``weights=None``: nothing downloaded;
 ``include_top=False`` with average pooling and a 1000-way Dense, so any input size works) is
 timed as built (every ``Conv2D`` Keras' own) against ``keras_cct.hybridize`` of it (every
-``Conv2D`` a HybridConv2D with the defaults as shipped, the same weights); a second copy of the
+``Conv2D``, ``DepthwiseConv2D`` and ``SeparableConv2D`` made HybridConv2D layers with the
+defaults as shipped, the same weights); a second copy of the
 Keras model is timed as a control (the two Keras copies run the same ops: how far apart they
 land is the noise of the run).
 
@@ -47,7 +48,8 @@ from benchmarks.common import (DEFAULT_OUT, cpu_info, library_versions, machine_
 
 #: name -> keras.applications constructor name
 MODELS = {"resnet50": "ResNet50", "mobilenet_v2": "MobileNetV2", "vgg16": "VGG16",
-          "efficientnet_b0": "EfficientNetB0", "densenet121": "DenseNet121"}
+          "efficientnet_b0": "EfficientNetB0", "densenet121": "DenseNet121",
+          "xception": "Xception"}
 DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vgg16")
 CANDIDATES = ("keras", "hybrid", "keras_again")
 #: a model small enough for the tests (``--models tiny``): "same" padding at strides on even
@@ -122,7 +124,8 @@ def run_config(spec: dict) -> dict:
             print(f"PROGRESS {name} {rnd + 1}", flush=True)
         want = preds["keras"]
         agree = float(np.linalg.norm(preds["hybrid"] - want) / max(np.linalg.norm(want), 1e-30))
-        convs = [layer for layer in models["hybrid"].layers if isinstance(layer, HybridConv2D)]
+        convs = [layer for layer in models["hybrid"]._flatten_layers()  # nested: separable
+                 if isinstance(layer, HybridConv2D)]
         picks = Counter(layer.chosen_lowering for layer in convs)
         out.append({"model": name, "first_s": first, "seconds": times,
                     "images_per_s": {k: batch / min(v) for k, v in times.items()},

@@ -81,9 +81,14 @@ class XlaCacheLogWarning(UserWarning):
 
 
 class HybridizeWarning(UserWarning):
-    """:func:`keras_cct.hybridize` found no layer to convert (no ``Conv2D`` or
-    ``DepthwiseConv2D`` in the model's graph, nested models included): the copy computes as the
-    model did, with Keras' own layers."""
+    """:func:`keras_cct.hybridize` found no layer to convert (no ``Conv2D``,
+    ``DepthwiseConv2D`` or ``SeparableConv2D`` in the model's graph, nested models included):
+    the copy computes as the model did, with Keras' own layers."""
+
+
+class HybridizeError(LocatedError, ValueError):
+    """:func:`keras_cct.hybridize` cannot convert a layer as it is (a depthwise or separable
+    convolution that is not built yet, so its input channels are unknown)."""
 
 
 class DeviceError(KerasCCTError, RuntimeError):

@@ -5,7 +5,8 @@
 * :func:`to_hybrid` -- a ``Conv2D`` as an equal HybridConv2D (``hybridize``).
 * :func:`depthwise_to_hybrid` / :func:`depthwise_kernel_as_grouped` -- a ``DepthwiseConv2D``
   as the equal grouped HybridConv2D (one group per input channel), and its kernel in that
-  layout (``hybridize``).
+  layout (``hybridize``); :func:`separable_to_hybrid` -- a ``SeparableConv2D`` as that grouped
+  layer followed by a 1x1 HybridConv2D.
 * :func:`keras_conv_layers` / :func:`to_keras_conv` -- a convolution with explicit (Caffe)
   padding as Keras' own layers: a ``ZeroPadding2D`` in front of a ``padding="valid"``
   ``Conv2D`` (Conv2D has no explicit padding); used by the Caffe builder's ``conv_impl="keras"``
@@ -25,7 +26,8 @@ import keras
 from keras_cct.layers.hybrid_conv2d import HybridConv2D
 
 __all__ = ["CONV_ARGUMENTS", "conv_arguments", "to_hybrid", "depthwise_to_hybrid",
-           "depthwise_kernel_as_grouped", "keras_conv_layers", "to_keras_conv"]
+           "separable_to_hybrid", "depthwise_kernel_as_grouped", "keras_conv_layers",
+           "to_keras_conv"]
 
 #: the arguments that define a convolution (the rest are initializers, regularizers, ...)
 CONV_ARGUMENTS = ("filters", "kernel_size", "strides", "padding", "data_format",
@@ -76,6 +78,36 @@ def depthwise_to_hybrid(layer: keras.layers.DepthwiseConv2D, channels: int,
     applied to the grouped layout ``(kh, kw, 1, channels * depth_multiplier)``."""
     grouped = dict(filters=int(channels) * int(layer.depth_multiplier), groups=int(channels))
     return _hybrid_from(layer.get_config(), {**grouped, **overrides}, _DEPTHWISE_NAMES)
+
+
+#: SeparableConv2D's argument names -> its pointwise HybridConv2D's
+_POINTWISE_NAMES = {"pointwise_initializer": "kernel_initializer",
+                    "pointwise_regularizer": "kernel_regularizer",
+                    "pointwise_constraint": "kernel_constraint"}
+
+
+def separable_to_hybrid(layer: keras.layers.SeparableConv2D, channels: int,
+                        **overrides: Any) -> keras.Sequential:
+    """The two HybridConv2D layers computing ``layer``, a separable convolution of ``channels``
+    input channels, as Keras computes it: the depthwise convolution (``groups=channels``,
+    ``channels * depth_multiplier`` outputs, the strides, padding and dilation; no bias) and
+    the 1x1 pointwise one (bias, activation and activity regularizer), in a ``Sequential``
+    of ``layer``'s name (``<name>_depthwise``, ``<name>_pointwise``). Its weights are
+    ``layer``'s in the same order: the depthwise kernel through
+    :func:`depthwise_kernel_as_grouped`, the pointwise kernel and the bias unchanged; they are
+    not copied here."""
+    config = layer.get_config()
+    name = config["name"]
+    depthwise = _hybrid_from(
+        {**config, "name": f"{name}_depthwise", "use_bias": False, "activation": None,
+         "activity_regularizer": None, "bias_regularizer": None, "bias_constraint": None},
+        {"filters": int(channels) * int(layer.depth_multiplier), "groups": int(channels),
+         **overrides}, _DEPTHWISE_NAMES)
+    pointwise = _hybrid_from(
+        {**config, "name": f"{name}_pointwise", "kernel_size": (1, 1), "strides": (1, 1),
+         "padding": "valid", "dilation_rate": (1, 1)}, {"groups": 1, **overrides},
+        _POINTWISE_NAMES)
+    return keras.Sequential([depthwise, pointwise], name=name)
 
 
 def depthwise_kernel_as_grouped(kernel):

@@ -1,5 +1,5 @@
-"""hybridize: an existing Keras model with every Conv2D and DepthwiseConv2D replaced by an equal
-HybridConv2D."""
+"""hybridize: an existing Keras model with every Conv2D, DepthwiseConv2D and SeparableConv2D
+replaced by equal HybridConv2D layers."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import warnings
 
 import keras
 
-from keras_cct.errors import HybridizeWarning
-from keras_cct.layers.convert import depthwise_kernel_as_grouped, depthwise_to_hybrid, to_hybrid
+from keras_cct.errors import HybridizeError, HybridizeWarning
+from keras_cct.layers.convert import (depthwise_kernel_as_grouped, depthwise_to_hybrid,
+                                      separable_to_hybrid, to_hybrid)
 
 
 def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
@@ -26,11 +27,17 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
         strategy: a :class:`~keras_cct.CCTStrategy`, or None for plain HybridConv2D layers.
         lowering: the new layers' ``lowering``.
         depthwise: also replace every ``keras.layers.DepthwiseConv2D`` by the equal grouped
-            HybridConv2D (one group per input channel; the kernel reshaped, not changed).
+            HybridConv2D (one group per input channel; the kernel reshaped, not changed), and
+            every ``keras.layers.SeparableConv2D`` by a ``Sequential`` of that grouped layer
+            and a 1x1 HybridConv2D (:func:`~keras_cct.layers.convert.separable_to_hybrid`).
             HybridConv2D runs TensorFlow's own depthwise op there, PyTorch's grouped
             convolution on the channels-last tensor (without Keras' NCHW copies), and on JAX
             shifted multiply-adds in place of XLA's grouped convolution (MobileNet's depthwise
             layers trained 1.5-2.3x as fast on PyTorch, 6.6-21x on JAX; docs/benchmarks.md).
+            These layers must be built (their input channels known): build the model first.
+
+    Raises:
+        HybridizeError: a depthwise or separable layer to convert is not built.
     """
     converted = []
 
@@ -39,6 +46,10 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
             new = to_hybrid(layer, lowering=lowering)
         elif depthwise and type(layer) is keras.layers.DepthwiseConv2D:
             new = depthwise_to_hybrid(layer, _channels(layer), lowering=lowering)
+        elif depthwise and type(layer) is keras.layers.SeparableConv2D:
+            new = separable_to_hybrid(layer, _channels(layer), lowering=lowering)
+            for inner in new.layers:
+                inner._strategy = strategy
         else:
             return layer.__class__.from_config(layer.get_config())
         new._strategy = strategy
@@ -47,7 +58,7 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
 
     copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
     if not converted:
-        kinds = "Conv2D or DepthwiseConv2D" if depthwise else "Conv2D"
+        kinds = "Conv2D, DepthwiseConv2D or SeparableConv2D" if depthwise else "Conv2D"
         warnings.warn(f"hybridize: model {model.name!r} has no {kinds} layer to convert (a "
                       f"subclassed model's or layer's own layers are not reached); the copy "
                       f"runs Keras' layers as before", HybridizeWarning, stacklevel=2)
@@ -60,6 +71,14 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
     return copy
 
 
-def _channels(layer: keras.layers.DepthwiseConv2D) -> int:
-    """The input channels of a built DepthwiseConv2D (its kernel's third axis)."""
-    return int(layer.kernel.shape[2])
+def _channels(layer) -> int:
+    """The input channels of a built DepthwiseConv2D or SeparableConv2D (its depthwise kernel's
+    third axis)."""
+    if not layer.built:
+        raise HybridizeError(
+            f"{type(layer).__name__} is not built, so its input channels are unknown",
+            layer=layer.name, hint="build the model first: model.build(input_shape), or call "
+            "it on a batch; or pass depthwise=False to keep Keras' layer")
+    kernel = layer.kernel if isinstance(layer, keras.layers.DepthwiseConv2D) else \
+        layer.depthwise_kernel
+    return int(kernel.shape[2])

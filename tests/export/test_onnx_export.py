@@ -353,3 +353,17 @@ def test_export_leaves_the_model_intact(hybrid_export, tmp_path):
     x = np.random.default_rng(8).random((2, 15, 17, 4), dtype=np.float32)
     assert [layer.name for layer in again.layers] == [layer.name for layer in model.layers]
     assert rel_err(again.predict(x, verbose=0), model.predict(x, verbose=0)) <= 1e-6
+
+
+def test_hybridized_separable_layers_export(tmp_path):
+    """A SeparableConv2D, hybridized into a Sequential of a grouped and a 1x1 HybridConv2D,
+    exports as two standard Conv nodes; onnxruntime gives the Keras model's output."""
+    from tests.strategy.test_hybridize import _separable_model
+    model = _separable_model()
+    hybrid = keras_cct.hybridize(model)
+    path = export_onnx(hybrid, tmp_path / "sep.onnx")
+    proto = onnx.load(str(path))
+    assert [n.op_type for n in proto.graph.node].count("Conv") == 4
+    x = np.random.default_rng(4).standard_normal((2, 12, 12, 4)).astype(np.float32)
+    (got,) = _session(path).run(None, {proto.graph.input[0].name: x})
+    assert rel_err(got, model.predict(x, verbose=0)) <= 1e-5

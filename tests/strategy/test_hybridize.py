@@ -1,5 +1,6 @@
-"""keras_cct.hybridize on every backend: Conv2D and DepthwiseConv2D layers become equal
-HybridConv2D layers; the Keras model is the reference (outputs, and weights after training)."""
+"""keras_cct.hybridize on every backend: Conv2D, DepthwiseConv2D and SeparableConv2D layers
+become equal HybridConv2D layers; the Keras model is the reference (outputs, and weights after
+training)."""
 
 import keras
 import numpy as np
@@ -104,7 +105,65 @@ def test_a_model_without_convolutions_warns():
     from keras_cct.errors import HybridizeWarning
     inp = keras.Input((5,))
     model = keras.Model(inp, keras.layers.Dense(3)(keras.layers.Dense(4)(inp)))
-    with pytest.warns(HybridizeWarning, match="has no Conv2D or DepthwiseConv2D layer"):
+    with pytest.warns(HybridizeWarning, match="has no Conv2D, DepthwiseConv2D or SeparableConv2D layer"):
         copy = hybridize(model)
     x = np.random.default_rng(0).standard_normal((2, 5)).astype("float32")
     assert ref.rel_err(to_numpy(copy(x)), to_numpy(model(x))) <= 1e-6
+
+
+def _separable_model():
+    """Xception's pattern: separable layers with a depth multiplier, a stride on an even size
+    ("same"), a dilation, an activation, with and without a bias."""
+    keras.utils.set_random_seed(5)
+    inp = keras.Input((12, 12, 4))
+    h = keras.layers.SeparableConv2D(6, 3, strides=2, padding="same", depth_multiplier=2,
+                                     activation="relu", name="sep1")(inp)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.SeparableConv2D(5, 3, dilation_rate=2, use_bias=False, name="sep2")(h)
+    out = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h))
+    return keras.Model(inp, out)
+
+
+def test_separable_layers_become_a_grouped_and_a_pointwise_hybrid_layer():
+    """Every SeparableConv2D is a Sequential of the same name: the grouped HybridConv2D of its
+    depthwise part (strides, padding, dilation; no bias) and a 1x1 HybridConv2D (bias,
+    activation). The predictions are the Keras model's, and so are all weights after three
+    SGD steps."""
+    model = _separable_model()
+    hybrid = hybridize(model)
+    assert not any(isinstance(layer, keras.layers.SeparableConv2D)
+                   for layer in hybrid._flatten_layers())
+    sep1 = hybrid.get_layer("sep1")
+    dw, pw = sep1.layers
+    assert isinstance(dw, HybridConv2D) and isinstance(pw, HybridConv2D)
+    assert (dw.groups, dw.filters, dw.strides, dw.use_bias) == (4, 8, (2, 2), False)
+    assert (pw.kernel_size, pw.filters, pw.use_bias) == ((1, 1), 6, True)
+    assert dw.activation is keras.activations.linear
+    assert pw.activation is keras.activations.relu
+    assert hybrid.get_layer("sep2").layers[0].dilation_rate == (2, 2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 12, 12, 4)).astype("float32")
+    y = rng.integers(0, 3, 6)
+    assert ref.rel_err(to_numpy(hybrid.predict_on_batch(x)),
+                       to_numpy(model.predict_on_batch(x))) <= 1e-5
+    for m in (_compiled(model), _compiled(hybrid)):
+        for _ in range(3):
+            m.train_on_batch(x, y)
+    weights, want = hybrid.get_weights(), model.get_weights()
+    assert len(weights) == len(want)
+    for a, b in zip(weights, want):
+        assert ref.rel_err(a.reshape(b.shape), b) <= 1e-4
+
+
+def test_an_unbuilt_depthwise_or_separable_layer_is_a_clear_error():
+    """Its input channels are unknown: a HybridizeError names the layer and says to build the
+    model (or to keep Keras' layer); a built model converts."""
+    from keras_cct.errors import HybridizeError
+    for layer in (keras.layers.SeparableConv2D(4, 3, name="sep"),
+                  keras.layers.DepthwiseConv2D(3, name="sep")):
+        model = keras.Sequential([layer])
+        with pytest.raises(HybridizeError, match="layer 'sep'.*not built.*model.build"):
+            hybridize(model)
+        assert len(hybridize(model, depthwise=False).layers) == 1
+        model.build((None, 8, 8, 2))
+        assert isinstance(hybridize(model).layers[0], (HybridConv2D, keras.Sequential))
