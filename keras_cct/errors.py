@@ -83,7 +83,8 @@ class XlaCacheLogWarning(UserWarning):
 class HybridizeWarning(UserWarning):
     """:func:`keras_cct.hybridize` found no layer to convert (no ``Conv2D``,
     ``DepthwiseConv2D`` or ``SeparableConv2D`` in the model's graph, nested models included):
-    the copy computes as the model did, with Keras' own layers."""
+    the copy computes as the model did, with Keras' own layers; or it kept convolutions it does
+    not convert (a subclass of a Keras convolution, a convolution inside a wrapper layer)."""
 
 
 class HybridizeError(LocatedError, ValueError):

@@ -39,7 +39,7 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
     Raises:
         HybridizeError: a depthwise or separable layer to convert is not built.
     """
-    converted = []
+    converted, kept = [], []
 
     def clone(layer):
         if type(layer) is keras.layers.Conv2D:
@@ -51,6 +51,8 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
             for inner in new.layers:
                 inner._strategy = strategy
         else:
+            if _near_miss(layer):
+                kept.append(f"{layer.name!r} ({type(layer).__name__})")
             return layer.__class__.from_config(layer.get_config())
         new._strategy = strategy
         converted.append(layer.name)
@@ -62,6 +64,10 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
         warnings.warn(f"hybridize: model {model.name!r} has no {kinds} layer to convert (a "
                       f"subclassed model's or layer's own layers are not reached); the copy "
                       f"runs Keras' layers as before", HybridizeWarning, stacklevel=2)
+    if kept:
+        warnings.warn(f"hybridize: kept {', '.join(kept)} as Keras' layers: a subclass of a Keras "
+                      f"convolution (its call may differ) and a convolution inside a wrapper "
+                      f"(TimeDistributed, ...) are not converted", HybridizeWarning, stacklevel=2)
     weights = []
     for var, value in zip(copy.weights, model.get_weights()):
         if tuple(var.shape) != value.shape:  # a depthwise kernel, now grouped
@@ -69,6 +75,18 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
         weights.append(value)
     copy.set_weights(weights)
     return copy
+
+
+#: the Keras layers hybridize converts (their exact types)
+_CONVERTED = (keras.layers.Conv2D, keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D)
+
+
+def _near_miss(layer) -> bool:
+    """Whether ``layer`` is a convolution hybridize leaves as it is although it looks like one
+    it converts: a subclass of one, or one inside a wrapper layer."""
+    inner = getattr(layer, "layer", None) if isinstance(layer, keras.layers.Wrapper) else None
+    return (isinstance(layer, _CONVERTED) and type(layer) not in _CONVERTED) or \
+        isinstance(inner, _CONVERTED)
 
 
 def _channels(layer) -> int:

@@ -167,3 +167,28 @@ def test_an_unbuilt_depthwise_or_separable_layer_is_a_clear_error():
         assert len(hybridize(model, depthwise=False).layers) == 1
         model.build((None, 8, 8, 2))
         assert isinstance(hybridize(model).layers[0], (HybridConv2D, keras.Sequential))
+
+
+def test_subclassed_and_wrapped_convolutions_are_kept_with_a_warning():
+    """A subclass of Conv2D may compute otherwise, and TimeDistributed's inner layer is not
+    reached by the clone: both stay Keras' layers, named in a HybridizeWarning; the Conv2D
+    beside them is converted and the copy computes as the model."""
+    from keras_cct.errors import HybridizeWarning
+
+    class MyConv(keras.layers.Conv2D):
+        pass
+
+    keras.utils.set_random_seed(6)
+    inp = keras.Input((3, 8, 8, 2))
+    h = keras.layers.TimeDistributed(keras.layers.Conv2D(3, 3), name="td")(inp)
+    h = keras.layers.Reshape((3 * 6, 6, 3))(h)
+    h = MyConv(4, 3, name="mine")(h)
+    out = keras.layers.Conv2D(2, 1, name="plain")(h)
+    model = keras.Model(inp, out)
+    with pytest.warns(HybridizeWarning, match="kept 'td' \\(TimeDistributed\\), 'mine' "
+                                              "\\(MyConv\\)"):
+        hybrid = hybridize(model)
+    assert [type(layer).__name__ for layer in hybrid.layers[1:]] == [
+        "TimeDistributed", "Reshape", "MyConv", "HybridConv2D"]
+    x = np.random.default_rng(5).standard_normal((2, 3, 8, 8, 2)).astype("float32")
+    assert ref.rel_err(to_numpy(hybrid(x)), to_numpy(model(x))) <= 1e-5
