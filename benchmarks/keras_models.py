@@ -89,8 +89,7 @@ def run_config(spec: dict) -> dict:
     import keras
 
     from keras_cct import HybridConv2D, hybridize
-    if spec["dtype"] == "bfloat16":
-        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    policy = "mixed_bfloat16" if spec["dtype"] == "bfloat16" else "float32"
     rng = np.random.default_rng(0)
     batch, size = int(spec["batch"]), int(spec["size"])
     x = rng.standard_normal((batch, size, size, 3), dtype=np.float32)
@@ -98,6 +97,9 @@ def run_config(spec: dict) -> dict:
     out = []
     for name in spec["models"]:
         keras.utils.set_random_seed(0)
+        # set for each model: keras.backend.clear_session() below resets the global policy
+        # (until 2026-12-05 every model after a process's first ran in float32 here)
+        keras.mixed_precision.set_global_policy(policy)
         base = build(name, size)
         models = {"keras": base, "hybrid": hybridize(base),
                   "keras_again": keras.models.clone_model(base)}
@@ -131,7 +133,8 @@ def run_config(spec: dict) -> dict:
                     "images_per_s": {k: batch / min(v) for k, v in times.items()},
                     "median_images_per_s": {k: batch / float(np.median(v))
                                             for k, v in times.items()},
-                    "convs": len(convs), "picks": dict(picks), "predict_rel_err": agree})
+                    "convs": len(convs), "picks": dict(picks), "predict_rel_err": agree,
+                    "compute_dtypes": sorted({layer.compute_dtype for layer in convs})})
         del models, base
         keras.backend.clear_session()
     return {"results": out, "backend": keras.backend.backend(), "dtype": spec["dtype"]}

@@ -702,3 +702,15 @@ def test_keras_models_tiny_run(tmp_path):
     assert (tmp_path / "keras_models.png").stat().st_size > 0
     assert HEADLINES["keras_models"](data).startswith(
         f"hybridized Keras models' training step vs as built: {backend} float32 ")
+
+
+def test_keras_models_every_model_of_a_bfloat16_run_computes_in_bfloat16():
+    """Each model of a process under mixed_bfloat16 (keras.backend.clear_session between
+    them resets Keras' global policy: the second model ran in float32)."""
+    from benchmarks import keras_models
+    out = keras_models.run_config({"models": ["tiny", "tiny"], "dtype": "bfloat16", "batch": 2,
+                                   "size": 16, "rounds": 1})
+    try:
+        assert [r["compute_dtypes"] for r in out["results"]] == [["bfloat16"], ["bfloat16"]]
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
