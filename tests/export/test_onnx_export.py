@@ -136,17 +136,19 @@ def test_grouped_keras_conv2d_and_channels_first(tmp_path):
     assert rel_err(got, model.predict(x, verbose=0)) <= 1e-5
 
 
-def test_hybridized_depthwise_layers_export(tmp_path):
+@pytest.mark.parametrize("make, channels", [("_model", 3), ("_separable_model", 4)])
+def test_hybridized_depthwise_and_separable_layers_export(tmp_path, make, channels):
     """keras_cct.hybridize turns DepthwiseConv2D layers into grouped HybridConv2D layers (one
-    group per channel, a depth multiplier): onnxruntime on the export gives the Keras model's
-    output, from a graph of standard Conv nodes."""
-    from tests.strategy.test_hybridize import _model
-    model = _model()  # random kernels (BatchNormalization's statistics stay valid)
-    hybrid = keras_cct.hybridize(model)
-    path = export_onnx(hybrid, tmp_path / "dw.onnx")
+    group per channel, a depth multiplier) and SeparableConv2D layers into a Sequential of a
+    grouped and a 1x1 HybridConv2D: onnxruntime on the export gives the Keras model's output,
+    from a graph of standard Conv nodes."""
+    from tests.strategy import test_hybridize
+    model = getattr(test_hybridize, make)()  # random kernels (BatchNormalization's statistics
+    hybrid = keras_cct.hybridize(model)     # stay valid)
+    path = export_onnx(hybrid, tmp_path / f"{make}.onnx")
     proto = onnx.load(str(path))
     assert [n.op_type for n in proto.graph.node].count("Conv") == 4
-    x = np.random.default_rng(3).standard_normal((2, 12, 12, 3)).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal((2, 12, 12, channels)).astype(np.float32)
     (got,) = _session(path).run(None, {proto.graph.input[0].name: x})
     assert rel_err(got, model.predict(x, verbose=0)) <= 1e-5
 
@@ -354,16 +356,3 @@ def test_export_leaves_the_model_intact(hybrid_export, tmp_path):
     assert [layer.name for layer in again.layers] == [layer.name for layer in model.layers]
     assert rel_err(again.predict(x, verbose=0), model.predict(x, verbose=0)) <= 1e-6
 
-
-def test_hybridized_separable_layers_export(tmp_path):
-    """A SeparableConv2D, hybridized into a Sequential of a grouped and a 1x1 HybridConv2D,
-    exports as two standard Conv nodes; onnxruntime gives the Keras model's output."""
-    from tests.strategy.test_hybridize import _separable_model
-    model = _separable_model()
-    hybrid = keras_cct.hybridize(model)
-    path = export_onnx(hybrid, tmp_path / "sep.onnx")
-    proto = onnx.load(str(path))
-    assert [n.op_type for n in proto.graph.node].count("Conv") == 4
-    x = np.random.default_rng(4).standard_normal((2, 12, 12, 4)).astype(np.float32)
-    (got,) = _session(path).run(None, {proto.graph.input[0].name: x})
-    assert rel_err(got, model.predict(x, verbose=0)) <= 1e-5

@@ -33,6 +33,19 @@ def _compiled(model):
     return model
 
 
+def _predict_and_train(model, hybrid, shape, seed: int) -> None:
+    """Both models predict the same on a random batch of ``shape`` (3 classes); then three SGD
+    steps each on it."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype("float32")
+    y = rng.integers(0, 3, shape[0])
+    assert ref.rel_err(to_numpy(hybrid.predict_on_batch(x)),
+                       to_numpy(model.predict_on_batch(x))) <= 1e-5
+    for m in (_compiled(model), _compiled(hybrid)):
+        for _ in range(3):
+            m.train_on_batch(x, y)
+
+
 def test_depthwise_layers_become_grouped_hybrid_layers():
     """Every Conv2D and DepthwiseConv2D is a HybridConv2D (a depthwise one with one group per
     input channel, ``channels * depth_multiplier`` filters, its bias and activation); the
@@ -47,14 +60,7 @@ def test_depthwise_layers_become_grouped_hybrid_layers():
     assert (dw1.groups, dw1.filters, dw1.use_bias) == (8, 8, False)
     assert (dw2.groups, dw2.filters, dw2.strides, dw2.use_bias) == (8, 16, (2, 2), True)
     assert dw2.activation is keras.activations.relu
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((6, 12, 12, 3)).astype("float32")
-    y = rng.integers(0, 3, 6)
-    assert ref.rel_err(to_numpy(hybrid.predict_on_batch(x)),
-                       to_numpy(model.predict_on_batch(x))) <= 1e-5
-    for m in (_compiled(model), _compiled(hybrid)):
-        for _ in range(3):
-            m.train_on_batch(x, y)
+    _predict_and_train(model, hybrid, (6, 12, 12, 3), seed=0)
     for a, b in zip(hybrid.get_weights(), model.get_weights()):
         if a.shape != b.shape:  # a depthwise kernel: (kh, kw, 1, c * m) against (kh, kw, c, m)
             assert a.shape == (b.shape[0], b.shape[1], 1, b.shape[2] * b.shape[3])
@@ -141,14 +147,7 @@ def test_separable_layers_become_a_grouped_and_a_pointwise_hybrid_layer():
     assert dw.activation is keras.activations.linear
     assert pw.activation is keras.activations.relu
     assert hybrid.get_layer("sep2").layers[0].dilation_rate == (2, 2)
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((6, 12, 12, 4)).astype("float32")
-    y = rng.integers(0, 3, 6)
-    assert ref.rel_err(to_numpy(hybrid.predict_on_batch(x)),
-                       to_numpy(model.predict_on_batch(x))) <= 1e-5
-    for m in (_compiled(model), _compiled(hybrid)):
-        for _ in range(3):
-            m.train_on_batch(x, y)
+    _predict_and_train(model, hybrid, (6, 12, 12, 4), seed=3)
     weights, want = hybrid.get_weights(), model.get_weights()
     assert len(weights) == len(want)
     for a, b in zip(weights, want):
