@@ -76,8 +76,14 @@ def depthwise_to_hybrid(layer: keras.layers.DepthwiseConv2D, channels: int,
     activation, bias, initializers and regularizers; ``overrides`` are passed on. Weights are not
     copied: the kernel goes through :func:`depthwise_kernel_as_grouped`. A kernel constraint is
     applied to the grouped layout ``(kh, kw, 1, channels * depth_multiplier)``."""
-    grouped = dict(filters=int(channels) * int(layer.depth_multiplier), groups=int(channels))
-    return _hybrid_from(layer.get_config(), {**grouped, **overrides}, _DEPTHWISE_NAMES)
+    return _hybrid_from(layer.get_config(), {**_grouped(layer, channels), **overrides},
+                        _DEPTHWISE_NAMES)
+
+
+def _grouped(layer, channels: int) -> Dict[str, int]:
+    """The grouped convolution's ``filters`` and ``groups`` of a depthwise (or separable)
+    ``layer`` on ``channels`` input channels."""
+    return {"filters": int(channels) * int(layer.depth_multiplier), "groups": int(channels)}
 
 
 #: SeparableConv2D's argument names -> its pointwise HybridConv2D's
@@ -101,8 +107,7 @@ def separable_to_hybrid(layer: keras.layers.SeparableConv2D, channels: int,
     depthwise = _hybrid_from(
         {**config, "name": f"{name}_depthwise", "use_bias": False, "activation": None,
          "activity_regularizer": None, "bias_regularizer": None, "bias_constraint": None},
-        {"filters": int(channels) * int(layer.depth_multiplier), "groups": int(channels),
-         **overrides}, _DEPTHWISE_NAMES)
+        {**_grouped(layer, channels), **overrides}, _DEPTHWISE_NAMES)
     pointwise = _hybrid_from(
         {**config, "name": f"{name}_pointwise", "kernel_size": (1, 1), "strides": (1, 1),
          "padding": "valid", "dilation_rate": (1, 1)}, {"groups": 1, **overrides},

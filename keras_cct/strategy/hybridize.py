@@ -48,13 +48,12 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
             new = depthwise_to_hybrid(layer, _channels(layer), lowering=lowering)
         elif depthwise and type(layer) is keras.layers.SeparableConv2D:
             new = separable_to_hybrid(layer, _channels(layer), lowering=lowering)
-            for inner in new.layers:
-                inner._strategy = strategy
         else:
             if _near_miss(layer):
                 kept.append(f"{layer.name!r} ({type(layer).__name__})")
             return layer.__class__.from_config(layer.get_config())
-        new._strategy = strategy
+        for conv in new.layers if isinstance(new, keras.Sequential) else (new,):
+            conv._strategy = strategy
         converted.append(layer.name)
         return new
 
