@@ -36,6 +36,7 @@ def test_2d_products_against_float64(dtype):
     a64, b64, c64 = (x.astype(np.float64) for x in (a, b, c))
     _check(B.matmul(t(a), t(b)), a64 @ b64, dtype)
     _check(B.matmul_tn(t(a), t(c)), a64.T @ c64, dtype)
+    _check(B.matmul_tn(t(c), t(a)), c64.T @ a64, dtype)  # the other operand the wider one
     _check(B.matmul_nt(t(c), t(b)), c64 @ b64.T, dtype)
 
 
@@ -66,3 +67,28 @@ def test_jax_bfloat16_products_ask_for_a_float32_result():
     assert asks(B.matmul, a, b)
     assert asks(B.matmul_nt, a, b.T)
     assert asks(B.bmm, a3, b3)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA's library GEMM: JAX only")
+@pytest.mark.parametrize("form", ["tn", "bmm_ta", "bmm_tb", "bmm_ta_tb", "tn_wide"])
+def test_jax_bfloat16_transposed_products_are_untransposed_for_the_library(form):
+    """XLA's library takes a product only with neither operand transposed (the weight
+    gradients contract their left operand's first axis): the JAX backend asks for such a
+    product, on a copy pinned row-major, whichever operand it transposes."""
+    import jax
+    import jax.numpy as jnp
+    ones = lambda *s: jnp.ones(s, jnp.bfloat16)  # noqa: E731
+    fn, args = {"tn": (B.matmul_tn, (ones(64, 8), ones(64, 4))),       # transposes b
+                "tn_wide": (B.matmul_tn, (ones(64, 4), ones(64, 8))),  # transposes a
+                "bmm_ta": (lambda a, b: B.bmm(a, b, ta=True), (ones(2, 64, 8), ones(2, 64, 4))),
+                "bmm_tb": (lambda a, b: B.bmm(a, b, tb=True), (ones(2, 8, 64), ones(2, 4, 64))),
+                "bmm_ta_tb": (lambda a, b: B.bmm(a, b, ta=True, tb=True),
+                              (ones(2, 64, 8), ones(2, 4, 64)))}[form]
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 1
+    (lhs_c, rhs_c), (lhs_b, _) = dots[0].params["dimension_numbers"]
+    rank = dots[0].invars[0].aval.ndim
+    assert tuple(lhs_c) == (rank - 1,) and tuple(rhs_c) == (len(lhs_b),)
+    assert dots[0].params["preferred_element_type"] == jnp.float32
+    assert "layout_constraint" in {e.primitive.name for e in jaxpr.eqns}

@@ -11,6 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+try:  # JAX 0.6 and later
+    from jax.experimental.layout import Layout, with_layout_constraint
+except ImportError:  # pragma: no cover - older JAX: transposed products stay as they are
+    Layout = with_layout_constraint = None
+
 from keras_cct.lowering._backend import common, generic
 from keras_cct.lowering._backend.generic import *  # noqa: F401,F403
 from keras_cct.lowering.geometry import ConvGeometry
@@ -82,14 +87,11 @@ persistent_compile_cache()
 #: and cast back: XLA's CPU backend then hands them to its matrix library (YNNPACK, on the
 #: CPU's bfloat16 units), where a bfloat16 result keeps them in XLA's own loops (Intel Xeon
 #: with AMX-BF16, 2 cores, 4096x1152 by 1152x256: 257 GFLOP/s as bfloat16, 1,592 with a
-#: float32 result; 36 batched 512x256 by 256x256: 107 against 451). XLA takes only products
-#: whose left operand is contracted on its last axis, batched ones only with neither operand
-#: transposed, and folds any transpose written in front of a product into the product's axes
-#: (an optimization barrier, a conditional included: its layout assignment undid them), so
-#: the others (the weight gradients, contracted over the batch's rows) stay as they were:
-#: 155-260 GFLOP/s, about what the library-less forms run at. The products are as exact as
-#: before: a float32 accumulator either way, one rounding to bfloat16 at the end.
+#: float32 result; 36 batched 512x256 by 256x256: 107 against 451). The products are as exact
+#: as before: a float32 accumulator either way, one rounding to bfloat16 at the end.
 _LIBRARY_DTYPES = (jnp.bfloat16,)
+_NN = (((1,), (0,)), ((), ()))
+_BATCHED_NN = (((2,), (1,)), ((0,), (0,)))
 
 
 def _to_library(a, b) -> bool:
@@ -100,26 +102,76 @@ def _dot(a, b, dims):
     return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32).astype(a.dtype)
 
 
+def _transposes_materialized() -> bool:
+    """Whether :func:`_row_major` can pin a layout here (a JAX with
+    ``jax.experimental.layout.with_layout_constraint``, on the CPU: elsewhere the backend's
+    GEMM takes transposed operands itself)."""
+    return with_layout_constraint is not None and jax.default_backend() == "cpu"
+
+
+def _row_major(x):
+    """``x`` stored row-major, as a copy where XLA would otherwise fold a transpose written in
+    front of a product into the product's axes (which then leaves XLA's library)."""
+    return with_layout_constraint(x, Layout(major_to_minor=tuple(range(x.ndim))))
+
+
+def _transposed(x):
+    return _row_major(jnp.swapaxes(x, -1, -2))
+
+
+def _library_product(a, b, ta: bool, tb: bool):
+    """``op(a) @ op(b)`` over the last two axes (a leading axis batched) as one product XLA's
+    library takes: neither operand transposed. XLA takes only that form (a product whose left
+    operand is contracted on its first axis, as in every weight gradient, stays in its own
+    loops at 61-228 GFLOP/s), so a transposed operand is copied transposed first
+    (:func:`_row_major`), or the product is computed transposed, ``(op(b)^T @ op(a)^T)^T``,
+    whichever copies fewer elements (weight gradients ``a^T @ b`` of ``(m, k)^T`` by ``(m, n)``
+    on the Xeon above, bfloat16, GFLOP/s, as they were -> ``a`` copied -> the product
+    transposed: 6272x1152 by 6272x256 157 -> 241 -> **374**, 6272x4608 by 6272x512 228 -> 174
+    -> **423**, 1568x4608 by 1568x512 223 -> 341 -> **740**, 25088x576 by 25088x64 61 -> 64 ->
+    **171**, 1568x256 by 1568x1024 216 -> **649** -> 136)."""
+    dims = _BATCHED_NN if a.ndim == 3 else _NN
+    m, k = (a.shape[-1], a.shape[-2]) if ta else (a.shape[-2], a.shape[-1])
+    n = b.shape[-2] if tb else b.shape[-1]
+    direct = (m * k if ta else 0) + (k * n if tb else 0)
+    swapped = (0 if tb else k * n) + (0 if ta else m * k) + m * n
+    if direct <= swapped:
+        return _dot(_transposed(a) if ta else a, _transposed(b) if tb else b, dims)
+    left, right = (b if tb else _transposed(b)), (a if ta else _transposed(a))
+    product = lax.dot_general(left, right, dims, preferred_element_type=jnp.float32)
+    return jnp.swapaxes(_row_major(product).astype(a.dtype), -1, -2)
+
+
 def matmul(a, b):
     """``a @ b`` for 2-D operands, in their own dtype (bfloat16 through XLA's library GEMM)."""
     if _to_library(a, b):
-        return _dot(a, b, (((1,), (0,)), ((), ())))
+        return _dot(a, b, _NN)
     return generic.matmul(a, b)
+
+
+def matmul_tn(a, b):
+    """``a.T @ b`` for 2-D ``a`` (k, m) and ``b`` (k, n) (bfloat16 through XLA's library GEMM,
+    :func:`_library_product`)."""
+    if _to_library(a, b) and _transposes_materialized():
+        return _library_product(a, b, True, False)
+    return generic.matmul_tn(a, b)
 
 
 def matmul_nt(a, b):
     """``a @ b.T`` for 2-D ``a`` (m, k) and ``b`` (n, k) (bfloat16 through XLA's library
-    GEMM)."""
+    GEMM, which takes this form as it is)."""
     if _to_library(a, b):
         return _dot(a, b, (((1,), (1,)), ((), ())))
     return generic.matmul_nt(a, b)
 
 
 def bmm(a, b, ta: bool = False, tb: bool = False):
-    """Batched ``op(a) @ op(b)`` of 3-D tensors (bfloat16 through XLA's library GEMM when
-    neither is transposed)."""
+    """Batched ``op(a) @ op(b)`` of 3-D tensors (bfloat16 through XLA's library GEMM,
+    :func:`_library_product` where an operand is transposed)."""
     if _to_library(a, b) and not ta and not tb:
-        return _dot(a, b, (((2,), (1,)), ((0,), (0,))))
+        return _dot(a, b, _BATCHED_NN)
+    if _to_library(a, b) and _transposes_materialized():
+        return _library_product(a, b, ta, tb)
     return generic.bmm(a, b, ta, tb)
 
 
