@@ -23,12 +23,12 @@ Three modes:
   Winograd is compiled (a 3x3 layer on TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel
   Xeon: docs/benchmarks.md), and later ones nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
-  several). A depthwise convolution (one input channel per group) is not timed either: it runs
+  several), except a 1x1 one where ``LOWER_1X1`` (below) says. A depthwise convolution (one input channel per group) is not timed either: it runs
   what the backend module names (``DEPTHWISE``: the backend's own depthwise op on TensorFlow
   and PyTorch, ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped convolution is
   6.6-27x slower; :mod:`keras_cct.lowering.depthwise`). On a backend whose module sets
   ``LOWER_1X1`` (JAX), an ungrouped 1x1 convolution runs the cost model's lowered type (one
-  GEMM) untimed.
+  GEMM) untimed, however small.
 * ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1
   (replicate the input) wins when input channels are fewer than output channels, Type 3
   (replicate the output) in the opposite case, Type 2 in between; the estimate in
@@ -195,13 +195,13 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
     if "depthwise" in usable and geo.groups > 1 and B.DEPTHWISE in usable:
         return B.DEPTHWISE
     usable = tuple(c for c in usable if c != "depthwise") or usable
+    lowered = tuple(c for c in usable if c in LOWERED_TYPES and fits_in_memory(geo, c, b))
+    if B.LOWER_1X1 and lowered and geo.kh == geo.kw == 1 and geo.groups == 1:
+        return _model_choice(geo, lowered, b, training, machine)  # small ones too
     if geo.flops(b) < AUTO_MIN_FLOPS or geo.groups > MAX_SPLIT_GROUPS:
         return "native" if "native" in usable else usable[0]
     if geo.cg < WINOGRAD_MIN_CHANNELS:
         usable = tuple(c for c in usable if not c.startswith("winograd")) or usable
-    lowered = tuple(c for c in usable if c in LOWERED_TYPES and fits_in_memory(geo, c, b))
-    if B.LOWER_1X1 and lowered and geo.kh == geo.kw == 1 and geo.groups == 1:
-        return _model_choice(geo, lowered, b, training, machine)
     shortlist = tuple(c for c in usable if c not in LOWERED_TYPES)
     if lowered:
         shortlist += (_model_choice(geo, lowered, b, training, machine),)

@@ -370,10 +370,13 @@ def test_auto_mode_lowers_1x1_layers_untimed_where_the_backend_says(cache_dir, m
     timed = []
     _patch_timer(monkeypatch, lambda geo, low, **kw: timed.append(low) or 1.0)
     pick = choose((None, 56, 56, 64), (1, 1, 64, 256), mode="auto")
+    small = choose((None, 5, 5, 160), (1, 1, 160, 960), mode="auto", batch=8)  # 61 MFLOP
+    assert conv_geometry((8, 5, 5, 160), (1, 1, 160, 960)).flops(8) < planner.AUTO_MIN_FLOPS
     if B.LOWER_1X1:
-        assert pick in planner.LOWERED_TYPES and timed == []
+        assert pick in planner.LOWERED_TYPES and small in planner.LOWERED_TYPES
+        assert timed == []
     else:
-        assert "native" in timed
+        assert "native" in timed and small == "native"
 
 
 def test_auto_mode_times_a_layer_with_its_bias_and_caches_it_apart(cache_dir, monkeypatch):
