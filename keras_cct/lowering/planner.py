@@ -23,10 +23,11 @@ Three modes:
   Winograd is compiled (a 3x3 layer on TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel
   Xeon: docs/benchmarks.md), and later ones nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
-  several), except a 1x1 one where ``LOWER_1X1`` (below) says. A depthwise convolution (one input channel per group) is not timed either: it runs
-  what the backend module names (``DEPTHWISE``: the backend's own depthwise op on TensorFlow
-  and PyTorch, ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped convolution is
-  6.6-27x slower; :mod:`keras_cct.lowering.depthwise`). On a backend whose module sets
+  several), except a 1x1 one where ``LOWER_1X1`` (below) says. A depthwise convolution (one
+  input channel per group) is not timed either: it runs what the backend module names
+  (``DEPTHWISE``: the backend's own depthwise op on TensorFlow and PyTorch, ``"depthwise"``'s
+  shifted multiply-adds on JAX, whose grouped convolution is 6.6-27x slower;
+  :mod:`keras_cct.lowering.depthwise`). On a backend whose module sets
   ``LOWER_1X1`` (JAX), an ungrouped 1x1 convolution runs the cost model's lowered type (one
   GEMM) untimed, however small.
 * ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1
