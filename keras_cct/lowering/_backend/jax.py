@@ -170,10 +170,8 @@ def matmul_nt(a, b):
 
 def bmm(a, b, ta: bool = False, tb: bool = False):
     """Batched ``op(a) @ op(b)`` of 3-D tensors (bfloat16 through XLA's library GEMM,
-    :func:`_library_product` where an operand is transposed)."""
-    if _to_library(a, b) and not ta and not tb:
-        return _dot(a, b, _BATCHED_NN)
-    if _to_library(a, b) and _transposes_materialized():
+    :func:`_library_product`, which copies a transposed operand where XLA allows it)."""
+    if _to_library(a, b) and (not (ta or tb) or _transposes_materialized()):
         return _library_product(a, b, ta, tb)
     return generic.bmm(a, b, ta, tb)
 
