@@ -255,7 +255,8 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
     is lowered and multiplied by the kernel in turn, so its lowered matrix is still in cache
     when the GEMM reads it. None: :func:`keras_cct.lowering.cost.partitions` for the static
     batch size, else ``geo.batch`` (about 4 MB of lowered data per partition; 1 when neither is
-    known).
+    known, or when the lowering repeats no input value), at most the backend's
+    ``MAX_PARTITIONS`` (JAX: 4, :mod:`keras_cct.lowering._backend.jax`).
     """
     mode = MODES[lowering]
     axes = _axes(geo)
@@ -273,6 +274,8 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
     rows_per_image = rows_shape[1] * rows_shape[2]
     if partitions is None:  # a shard of a split batch has no static size: plan for the whole
         partitions = _partitions(geo, lowering, x.shape[0] or geo.batch)
+        if B.MAX_PARTITIONS:  # JAX: each partition is unrolled in the compiled program
+            partitions = min(partitions, B.MAX_PARTITIONS)
     parts = max(int(partitions), 1)
 
     def group_slice(t, g, width):

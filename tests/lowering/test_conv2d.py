@@ -148,6 +148,49 @@ def test_partitions_follow_the_byte_target(monkeypatch):
     assert partitions(geo, "type3", 7) == 1  # an ungrouped Type 3 lowers nothing
 
 
+def test_partitions_only_where_the_lowering_repeats_values(monkeypatch):
+    """A batch is cut into partitions only where the lowered matrix repeats input values (a
+    lowered axis with more than one tap): a 1x1 kernel's Type 1, any Type 3 and a Type 2 of a
+    one-row kernel copy each value at most once, and run as one partition."""
+    from keras_cct.lowering.cost import partitions
+    monkeypatch.setenv("KERAS_CCT_PARTITION_BYTES", "1")  # one image per partition otherwise
+    one = conv_geometry((7, 9, 9, 4), (1, 1, 4, 5))
+    assert partitions(one, "type1", 7) == 1
+    grouped = conv_geometry((7, 9, 9, 4), (3, 3, 2, 6), groups=2, padding=1)
+    assert partitions(grouped, "type3", 7) == 1
+    assert partitions(grouped, "type1", 7) == 7
+    assert partitions(grouped, "type2", 7) == 7
+    row = conv_geometry((7, 9, 9, 4), (1, 3, 4, 5), padding=((0, 0), (1, 1)))
+    assert partitions(row, "type2", 7) == 1  # Type 2 lowers the height only: one tap
+    assert partitions(row, "type1", 7) == 7
+
+
+def test_jax_cuts_at_most_max_partitions(monkeypatch):
+    """On JAX a lowering is cut into at most ``MAX_PARTITIONS`` (4) partitions: XLA compiles
+    each as another copy of the gather and the GEMM (CaffeNet's conv1 at batch 32 was 32
+    partitions and 11 s of compiling). A batch of 9 with a byte target of one image: 4 GEMMs
+    in the forward, where the other backends run 9; the result still matches float64."""
+    if keras.backend.backend() != "jax":
+        pytest.skip("MAX_PARTITIONS is set on JAX only")
+    import jax
+    from keras_cct.lowering import _backend as B
+    from keras_cct.lowering.cost import partitions
+    monkeypatch.setenv("KERAS_CCT_PARTITION_BYTES", "1")
+    xs, ks = (9, 9, 9, 4), (3, 3, 4, 5)
+    geo = conv_geometry(xs, ks, padding=1)
+    assert partitions(geo, "type1", 9) == 9
+    rng = np.random.default_rng(9)
+    x, k = rng.standard_normal(xs), rng.standard_normal(ks)
+
+    def forward(a, b):
+        return lowered_conv2d(a, b, geo, "type1", custom_gradient=False)
+
+    assert B.MAX_PARTITIONS == 4
+    assert str(jax.make_jaxpr(forward)(x, k)).count("dot_general") == B.MAX_PARTITIONS
+    y = to_numpy(forward(keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(k)))
+    assert ref.rel_err(y, ref.conv2d(x, k, padding=1)) < 1e-12
+
+
 def test_partitions_with_unknown_batch_size_tensorflow():
     """Under tf.function with a None batch dimension the partitions are cut at run time."""
     if keras.backend.backend() != "tensorflow":

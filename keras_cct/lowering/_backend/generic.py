@@ -23,7 +23,11 @@ LOWER_1X1 = False
 #: batch size compiles again): ``mode="auto"`` then races them at the layer's own batch
 #: (:func:`keras_cct.lowering.planner.race_batch`). Here none: ``keras.ops`` run eagerly.
 COMPILED: tuple = ()
-__all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
+#: The most batch partitions a lowering is cut into (:func:`keras_cct.lowering.cost.partitions`
+#: decides how many; None: no limit). Where one program is compiled for the whole step, each
+#: partition is another copy of the lowering and its GEMMs in that program.
+MAX_PARTITIONS: Optional[int] = None
+__all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "MAX_PARTITIONS", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
            "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "split_batch", "take_rows", "wait"]
 

@@ -33,6 +33,13 @@ DEPTHWISE = "depthwise"
 #: per-op cost (MobileNetV2's, DenseNet121's and EfficientNetB0's at batch 8, 0.2-61 MFLOP,
 #: forward+backward on a 2-core Intel Xeon: 1.6-4.6x in bfloat16, 1.6-2.2x in float32).
 LOWER_1X1 = True
+#: XLA compiles a step's partitions unrolled, and its compile time grows faster than their
+#: number: CaffeNet's conv1 by Type 1 at batch 32 (4.4 MB of lowered data per image, so one
+#: image per partition), forward+backward in bfloat16, compiled in 11.0 s as 32 partitions,
+#: 2.4 s as 8, 1.4 s as 4 and 0.96 s as one, and ran 284, 295, 300 and 300 ms (2-core Intel
+#: Xeon). VGG16's 112x112x64 3x3 layer at batch 8 (8 partitions) ran 347 / 331 / 377 ms
+#: as 8 / 4 / 1 partitions in bfloat16, 316 / 329 / 365 in float32.
+MAX_PARTITIONS = 4
 __all__ = generic.__all__
 
 
