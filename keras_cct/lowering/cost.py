@@ -56,6 +56,20 @@ def replicates(geo: ConvGeometry, lowering: str) -> bool:
     return taps > 1
 
 
+def copies_nothing(geo: ConvGeometry, lowering: str) -> bool:
+    """Whether ``lowering``'s lowered matrix is the (padded) input itself, reshaped: one channel
+    group, and every lowered axis one tap at stride 1 (an ungrouped Type 3; a 1x1 kernel's Type
+    1 at stride 1; a one-row kernel's Type 2 at a height stride of 1). Its col2im is then a
+    reshape too (:func:`keras_cct.lowering.engine.lowered_conv2d`)."""
+    if geo.groups != 1:
+        return False
+    if lowering == "type1":
+        return geo.kh == geo.kw == 1 and geo.sh == geo.sw == 1
+    if lowering == "type2":
+        return geo.kh == 1 and geo.sh == 1
+    return lowering == "type3"
+
+
 def lowered_bytes_per_image(geo: ConvGeometry, lowering: str, dtype_bytes: int = 4) -> int:
     """Bytes of one image's lowered matrix for one channel group (:func:`cost`'s lowering
     elements for one image), counted for :func:`partitions`: 0 when the lowering repeats no
@@ -97,15 +111,19 @@ def cost(geo: ConvGeometry, lowering: str, *, batch: int | None = None,
     oh, ow, ph, pw = geo.out_h, geo.out_w, geo.padded_h, geo.padded_w
     kh, kw, d, o, g = geo.kh, geo.kw, geo.cg, geo.og, geo.groups
     out = b * oh * ow * o * g
+    # a lowering that is a reshape of the input copies only what the padding adds
+    reshaped = lowering != "type3" and copies_nothing(geo, lowering)
+    padding = b * ph * pw * d if (ph, pw) != (geo.in_h, geo.in_w) else 0
     if lowering == "type1":
         rows, inner, cols = b * oh * ow, kh * kw * d, o
-        lowered = rows * inner * g
+        lowered = padding if reshaped else rows * inner * g
         lift = 0
         gemm_out = rows * cols * g
-        back = lowered + kh * b * oh * pw * d * g  # col2im: kh*kw placements along w, kh along h
+        # col2im: kh*kw placements along w, kh along h (a reshape: the padding cropped)
+        back = lowered if reshaped else lowered + kh * b * oh * pw * d * g
     elif lowering == "type2":
         rows, inner, cols = b * oh * pw, kh * d, kw * o
-        lowered = rows * inner * g
+        lowered = padding if reshaped else rows * inner * g
         gemm_out = rows * cols * g
         lift = kw * out
         back = lowered + gemm_out  # unlift dy (kw placements) + col2im along h

@@ -41,6 +41,7 @@ import numpy as np
 from keras import ops
 
 from keras_cct.lowering import _backend as B
+from keras_cct.lowering.cost import copies_nothing
 from keras_cct.lowering.cost import partitions as _partitions
 from keras_cct.lowering.geometry import ConvGeometry
 from keras_cct.lowering.names import LOWERED_TYPES
@@ -128,12 +129,11 @@ def _lower_index(axes: Tuple[_Axis, _Axis], mode, groups: int, g: int) -> np.nda
 
 def _lower(xp, axes: Sequence[_Axis], mode, groups: int, g: int, channels: int, rows=None):
     """Group ``g``'s lowered matrix of ``xp``: ``(b * rows, taps * channels)`` (Type 1: im2col;
-    Type 2: along the height only; Type 3: the padded input itself). ``rows``: the
+    Type 2: along the height only; a grouped Type 3: the group's channels; a lowering that copies
+    nothing is a reshape of ``xp`` instead, in :func:`lowered_conv2d`). ``rows``: the
     :func:`_lower_index` of the group as a backend index tensor (made once per call when the
     batch is lowered partition by partition)."""
     ph, pw = axes[0].size, axes[1].size
-    if groups == 1 and all(m == "lift" for m in mode):
-        return ops.reshape(xp, (-1, channels))
     taps = 1
     for a, m in zip(axes, mode):
         if m == "lower":
@@ -272,6 +272,9 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
     unlower = _unlower_segments if cg < SEGMENT_COL2IM_CHANNELS and lowering != "type3" \
         else _unlower
     rows_per_image = rows_shape[1] * rows_shape[2]
+    # the lowered matrix is the padded input itself (an ungrouped Type 3, a 1x1 Type 1 at
+    # stride 1): no gather, and col2im is a reshape
+    reshaped = copies_nothing(geo, lowering)
     if partitions is None:  # a shard of a split batch has no static size: plan for the whole
         partitions = _partitions(geo, lowering, x.shape[0] or geo.batch)
         if B.MAX_PARTITIONS:  # JAX: each partition is unrolled in the compiled program
@@ -290,9 +293,11 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
         outs, saved = [], []
         for g in range(groups):
             wm, wshape = _kernel_matrix(group_slice(kernel, g, og), mode)
-            rows = None if groups == 1 and lowering == "type3" else B.index_tensor(
-                _lower_index(axes, mode, groups, g), like=xp)
-            cols = [_lower(xq, axes, mode, groups, g, cg, rows) for xq in xparts]
+            if reshaped:
+                cols = [ops.reshape(xq, (-1, cg)) for xq in xparts]
+            else:
+                rows = B.index_tensor(_lower_index(axes, mode, groups, g), like=xp)
+                cols = [_lower(xq, axes, mode, groups, g, cg, rows) for xq in xparts]
             p = concat_rows([B.matmul(c, wm) for c in cols])
             p = ops.reshape(p, rows_shape + [lifted_taps * og])
             outs.append(_lift(p, axes, mode, og))
@@ -309,7 +314,7 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
             dk = B.add_n([B.matmul_tn(c, d) for c, d in zip(cols, dparts)])
             dks.append(_kernel_from_matrix(dk, wshape, mode))
             dcols = ops.reshape(B.matmul_nt(dp2d, wm), rows_shape + [int(wm.shape[0])])
-            dxs.append(unlower(dcols, axes, mode, cg))
+            dxs.append(dcols if reshaped else unlower(dcols, axes, mode, cg))
         dxp = ops.concatenate(dxs, axis=-1) if groups > 1 else dxs[0]
         if padded:
             dxp = dxp[:, pt:pt + geo.in_h, pl:pl + geo.in_w, :]

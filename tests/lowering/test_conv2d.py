@@ -15,6 +15,8 @@ from tests.backend_grads import to_numpy
 CASES = {
     "3x3": ((2, 7, 8, 6), (3, 3, 6, 4), {}),
     "1x1": ((2, 5, 5, 8), (1, 1, 8, 3), {}),
+    # a 1x1 kernel with padding (Caffe allows it): Type 1's reshape of the padded input, cropped
+    "1x1_pad1": ((2, 5, 6, 8), (1, 1, 8, 3), dict(padding=1)),
     "groups2_s2_p1": ((2, 9, 9, 6), (3, 2, 3, 8), dict(groups=2, strides=2, padding=1)),
     "asym_pad_s32": ((1, 11, 10, 4), (5, 3, 4, 5),
                      dict(strides=(3, 2), padding=((1, 2), (0, 3)))),
@@ -163,6 +165,28 @@ def test_partitions_only_where_the_lowering_repeats_values(monkeypatch):
     row = conv_geometry((7, 9, 9, 4), (1, 3, 4, 5), padding=((0, 0), (1, 1)))
     assert partitions(row, "type2", 7) == 1  # Type 2 lowers the height only: one tap
     assert partitions(row, "type1", 7) == 7
+
+
+def test_a_lowering_that_copies_nothing_is_a_reshape():
+    """A 1x1 kernel's Type 1 at stride 1 (and a one-row kernel's Type 2, an ungrouped Type 3)
+    multiplies the input itself: the cost model counts no lowering or col2im for it, and on
+    JAX its program holds no gather (the gather of every row in order was a full copy of the
+    input, and its col2im another)."""
+    from keras_cct.lowering.cost import copies_nothing, cost
+    one = conv_geometry((4, 6, 6, 8), (1, 1, 8, 16))
+    assert copies_nothing(one, "type1") and copies_nothing(one, "type3")
+    assert not copies_nothing(conv_geometry((4, 6, 6, 8), (1, 1, 8, 16), strides=2), "type1")
+    assert not copies_nothing(conv_geometry((4, 6, 6, 8), (1, 1, 4, 16), groups=2), "type1")
+    assert not copies_nothing(conv_geometry((4, 6, 6, 8), (3, 3, 8, 16)), "type1")
+    assert copies_nothing(conv_geometry((4, 6, 6, 8), (1, 3, 8, 16)), "type2")
+    c = cost(one, "type1", batch=4)
+    assert c.lowering_elements == 0 and c.backward_movement == 0
+    assert c.gemm_flops == 2 * 4 * 6 * 6 * 8 * 16
+    if keras.backend.backend() == "jax":
+        import jax
+        x, k = np.ones((4, 6, 6, 8)), np.ones((1, 1, 8, 16))
+        grad = jax.grad(lambda a, b: lowered_conv2d(a, b, one, "type1").sum(), argnums=(0, 1))
+        assert "gather" not in str(jax.make_jaxpr(grad)(x, k))
 
 
 def test_jax_cuts_at_most_max_partitions(monkeypatch):
