@@ -78,7 +78,8 @@ CACHE_VERSION = 20  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   17: JAX's bfloat16 GEMMs through XLA's library (older races are stale);
 #                   18: JAX's transposed bfloat16 GEMMs (the backwards) through it too;
 #                   19: JAX's steps take float32 weights cast in the step, as a layer does
-#                   20: no batch partitions where a lowering repeats nothing; JAX at most 4
+#                   20: no batch partitions where a lowering repeats nothing; JAX at most 4;
+#                   a 1x1 Type 1 at stride 1 is a reshape (no gather)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
