@@ -17,6 +17,8 @@ CASES = {
     "1x1": ((2, 5, 5, 8), (1, 1, 8, 3), {}),
     # a 1x1 kernel with padding (Caffe allows it): Type 1's reshape of the padded input, cropped
     "1x1_pad1": ((2, 5, 6, 8), (1, 1, 8, 3), dict(padding=1)),
+    # one row of taps: Type 2 lowers the height only, here one tap (a reshape of the input)
+    "k1x3": ((2, 6, 7, 4), (1, 3, 4, 5), dict(padding=((0, 0), (1, 1)))),
     "groups2_s2_p1": ((2, 9, 9, 6), (3, 2, 3, 8), dict(groups=2, strides=2, padding=1)),
     "asym_pad_s32": ((1, 11, 10, 4), (5, 3, 4, 5),
                      dict(strides=(3, 2), padding=((1, 2), (0, 3)))),
