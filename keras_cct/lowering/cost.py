@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 from keras_cct.lowering.geometry import ConvGeometry
 from keras_cct.lowering.names import LOWERED_TYPES
@@ -47,13 +47,22 @@ class Cost:
         return asdict(self)
 
 
+def _lowered_axes(geo: ConvGeometry, lowering: str) -> List[Tuple[int, int]]:
+    """(taps, stride) of each axis ``lowering`` lowers (replicates the input along): both for
+    Type 1, the height for Type 2, none for Type 3."""
+    axes = {"type1": [(geo.kh, geo.sh), (geo.kw, geo.sw)], "type2": [(geo.kh, geo.sh)],
+            "type3": []}
+    if lowering not in axes:
+        raise ValueError(f"unknown lowering {lowering!r}; expected one of {LOWERED_TYPES}")
+    return axes[lowering]
+
+
 def replicates(geo: ConvGeometry, lowering: str) -> bool:
-    """Whether ``lowering``'s lowered matrix repeats input values: a lowered axis (both for
-    Type 1, the height for Type 2, none for Type 3) with more than one tap. Otherwise the
-    matrix is at most a copy of the input (a 1x1 kernel's Type 1, any Type 3), and there is
-    nothing for a batch partition to keep in cache (:func:`partitions`)."""
-    taps = {"type1": geo.kh * geo.kw, "type2": geo.kh}.get(lowering, 1)
-    return taps > 1
+    """Whether ``lowering``'s lowered matrix repeats input values: a lowered axis with more
+    than one tap. Otherwise the matrix is at most a copy of the input (a 1x1 kernel's Type 1,
+    any Type 3), and there is nothing for a batch partition to keep in cache
+    (:func:`partitions`)."""
+    return any(k > 1 for k, _ in _lowered_axes(geo, lowering))
 
 
 def copies_nothing(geo: ConvGeometry, lowering: str) -> bool:
@@ -61,13 +70,7 @@ def copies_nothing(geo: ConvGeometry, lowering: str) -> bool:
     group, and every lowered axis one tap at stride 1 (an ungrouped Type 3; a 1x1 kernel's Type
     1 at stride 1; a one-row kernel's Type 2 at a height stride of 1). Its col2im is then a
     reshape too (:func:`keras_cct.lowering.engine.lowered_conv2d`)."""
-    if geo.groups != 1:
-        return False
-    if lowering == "type1":
-        return geo.kh == geo.kw == 1 and geo.sh == geo.sw == 1
-    if lowering == "type2":
-        return geo.kh == 1 and geo.sh == 1
-    return lowering == "type3"
+    return geo.groups == 1 and all(k == s == 1 for k, s in _lowered_axes(geo, lowering))
 
 
 def lowered_bytes_per_image(geo: ConvGeometry, lowering: str, dtype_bytes: int = 4) -> int:

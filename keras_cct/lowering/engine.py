@@ -127,7 +127,7 @@ def _lower_index(axes: Tuple[_Axis, _Axis], mode, groups: int, g: int) -> np.nda
     return (pos.reshape(-1) * groups + g).astype(np.int32)
 
 
-def _lower(xp, axes: Sequence[_Axis], mode, groups: int, g: int, channels: int, rows=None):
+def _lower(xp, axes: Sequence[_Axis], mode, groups: int, g: int, channels: int, rows):
     """Group ``g``'s lowered matrix of ``xp``: ``(b * rows, taps * channels)`` (Type 1: im2col;
     Type 2: along the height only; a grouped Type 3: the group's channels; a lowering that copies
     nothing is a reshape of ``xp`` instead, in :func:`lowered_conv2d`). ``rows``: the
@@ -138,8 +138,6 @@ def _lower(xp, axes: Sequence[_Axis], mode, groups: int, g: int, channels: int, 
     for a, m in zip(axes, mode):
         if m == "lower":
             taps *= a.k
-    if rows is None:
-        rows = B.index_tensor(_lower_index(tuple(axes), mode, groups, g), like=xp)
     flat = ops.reshape(xp, (-1, ph * pw * groups, channels))
     cols = B.take_rows(flat, rows)
     return ops.reshape(cols, (-1, taps * channels))
