@@ -49,7 +49,7 @@ from benchmarks.common import (DEFAULT_OUT, cpu_info, library_versions, machine_
 #: name -> keras.applications constructor name
 MODELS = {"resnet50": "ResNet50", "mobilenet_v2": "MobileNetV2", "vgg16": "VGG16",
           "efficientnet_b0": "EfficientNetB0", "densenet121": "DenseNet121",
-          "xception": "Xception"}
+          "xception": "Xception", "inception_v3": "InceptionV3"}
 DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vgg16")
 CANDIDATES = ("keras", "hybrid", "keras_again")
 #: a model small enough for the tests (``--models tiny``): "same" padding at strides on even
