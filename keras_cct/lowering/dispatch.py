@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Tuple
 
-from keras import ops
+from keras import backend, ops
 
 from keras_cct.errors import LoweringError
 from keras_cct.lowering.depthwise import depthwise_applies, depthwise_conv2d
@@ -61,10 +61,22 @@ def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str, bias=None):
     """Convolution of ``x`` by ``kernel`` (plus ``bias``, if given) for a validated geometry and
     a concrete lowering name. ``"native"`` adds the bias inside the backend's op (TensorFlow:
     after each group's convolution, where oneDNN fuses it)."""
+    x, kernel = _in_common_dtype(x, kernel)
     if lowering == "native":
         return native_conv2d(x, kernel, geo, bias)
     y = _lowered(x, kernel, geo, lowering)
     return y if bias is None else ops.add(y, bias)
+
+
+def _in_common_dtype(x, kernel):
+    """``x`` and ``kernel`` in one dtype: where they differ (a layer called outside its
+    autocast scope, as ``layer.stateless_call`` calls it: a bfloat16 input and the float32
+    kernel), both in their common one, as ``keras.ops.conv`` and keras Conv2D compute them."""
+    dx, dk = backend.standardize_dtype(x.dtype), backend.standardize_dtype(kernel.dtype)
+    if dx == dk:
+        return x, kernel
+    common = backend.result_type(dx, dk)
+    return ops.cast(x, common), ops.cast(kernel, common)
 
 
 def _lowered(x, kernel, geo: ConvGeometry, lowering: str):

@@ -270,6 +270,29 @@ def test_mixed_precision_policy():
                        ref.conv2d(x, k, b, padding=1)) < 2e-2
 
 
+@pytest.mark.parametrize("lowering", ["native", "type1", "winograd"])
+def test_stateless_call_of_a_mixed_precision_layer(lowering):
+    """``layer.stateless_call`` calls ``call`` outside the layer's autocast scope: a bfloat16
+    input meets the float32 kernel. Where keras Conv2D computes that (on JAX: in float32, the
+    common dtype), HybridConv2D returns the same; ``native`` raised a dtype error on JAX."""
+    rng = np.random.default_rng(4)
+    x = keras.ops.cast(rng.standard_normal((2, 8, 8, 16)), "bfloat16")
+    conv = keras.layers.Conv2D(8, 3, padding="same", dtype="mixed_bfloat16")
+    conv.build((None, 8, 8, 16))
+    try:
+        want, _ = conv.stateless_call([v.value for v in conv.trainable_variables], [], x)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        pytest.skip(f"keras Conv2D's stateless_call fails here too: {type(exc).__name__}")
+    layer = HybridConv2D(8, 3, padding="same", dtype="mixed_bfloat16", lowering=lowering)
+    layer.build((None, 8, 8, 16))
+    layer.set_weights(conv.get_weights())
+    got, _ = layer.stateless_call([v.value for v in layer.trainable_variables], [], x)
+    assert keras.backend.standardize_dtype(got.dtype) == \
+        keras.backend.standardize_dtype(want.dtype) == "float32"
+    tol = F32_TOL[2] if lowering == "winograd" else 1e-5
+    assert ref.rel_err(to_numpy(got), to_numpy(want)) < tol
+
+
 def test_measure_planner_inside_a_subclassed_model(tmp_path, monkeypatch):
     """planner='measure' times lowerings even when the layer is built during tracing."""
     monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(tmp_path))
