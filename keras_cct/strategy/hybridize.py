@@ -20,7 +20,9 @@ def hybridize(model: keras.Model, strategy=None, *, lowering: str = "auto",
     Models nested in ``model`` (``keras.Sequential([base, Dense(10)])``, or a functional model
     calling ``base``) are converted too. A model without any layer to convert is copied as it
     is, with a :class:`~keras_cct.errors.HybridizeWarning` (the layers of a subclassed model
-    are not reached).
+    are not reached). ``Conv1D``, ``Conv3D`` and ``Conv2DTranspose`` layers stay Keras' own (a
+    ``Conv1D`` is the one-dimensional convolution HybridConv2D runs for a one-row kernel on
+    JAX: docs/guide.md).
 
     Args:
         model: a functional or Sequential model (``keras.models.clone_model`` must accept it).
