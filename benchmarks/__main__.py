@@ -82,35 +82,41 @@ def _rq1(d: dict) -> str:
 
 
 def _rq2(d: dict) -> str:
-    pts = sorted(d["sweep"]["points"], key=lambda p: p["ratio"])
-    cross = next((p["ratio"] for p in pts if p["ms"]["type3"] < p["ms"]["type1"]), None)
-    where = f"Type 3 first beats Type 1 at d/o = {cross:g}" if cross is not None else \
-        "Type 3 never beat Type 1 on the sweep"
-    line = f"{where}; cost model within 10% of the fastest on " \
-           f"{100 * d['sweep']['model_within_10pct']:.0f}% of the points"
-    layers = d.get("caffenet", {}).get("layers", {})
-    t1 = [layers[n]["type1_fwd_vs_ceiling"] for n in ("conv2", "conv3", "conv4", "conv5")
-          if n in layers]
-    auto = [v["auto_vs_best_keras"] for v in layers.values()]
-    if t1 and auto:
-        line += (f"; Type 1 forward {min(t1):.2f}-{max(t1):.2f} of the SGEMM ceiling on conv2-5; "
-                 f"auto / best Keras form (f+b) {min(auto):.2f}-{max(auto):.2f} on conv1-5 "
-                 f"(batch {d['batch']})")
-    return line
+    parts = []
+    for dtype, run in d["runs"].items():
+        pts = sorted(run["sweep"]["points"], key=lambda p: p["ratio"])
+        cross = next((p["ratio"] for p in pts if p["ms"]["type3"] < p["ms"]["type1"]), None)
+        line = (f"{dtype}: " + (f"Type 3 first beats Type 1 at d/o = {cross:g}"
+                                if cross is not None else "Type 3 never beat Type 1")
+                + f", cost model within 10% of the fastest type on "
+                f"{100 * run['sweep']['model_within_10pct']:.0f}% of the sweep")
+        layers = run["caffenet"]["layers"].values()
+        vs = [r["default_vs_keras"] for r in layers if r.get("default_vs_keras")]
+        if vs:
+            line += (f"; CaffeNet conv1-5 (batch {d['batch']}), keras Conv2D / the default "
+                     f"(f+b) {min(vs):.2f}-{max(vs):.2f}")
+        parts.append(line)
+    return "; ".join(parts) or "no complete result"
 
 
 def _rq3(d: dict) -> str:
-    t = d.get("totals") or {}
-    e2e = d["end_to_end"]["regret_vs_oracle"].get("planner (model)")
     parts = []
-    if t:
-        parts.append(f"sum of per-layer times, cost model's picks vs fastest: "
-                     f"+{100 * t['model_regret']:.0f}%"
-                     + (f" (vs the fastest lowered type: +{100 * t['model_regret_lowered']:.0f}%)"
-                        if "model_regret_lowered" in t else ""))
-    if e2e is not None:
-        parts.append(f"end to end (batch {d['end_to_end_batch']}): {100 * e2e:+.0f}% vs the "
-                     "per-layer oracle")
+    for dtype, run in d["runs"].items():
+        t = run.get("totals") or {}
+        e2e = run["end_to_end"]["regret_vs_oracle"].get("default (auto)")
+        chosen = run["end_to_end"].get("lowerings", {})
+        same = chosen.get("default (auto)") and chosen.get("default (auto)") == \
+            chosen.get("oracle")
+        bits = []
+        if t:
+            bits.append(f"the default's picks +{100 * t['auto_regret']:.0f}% over the per-layer "
+                        f"fastest (summed), the cost model's +{100 * t['model_regret']:.0f}%")
+        if e2e is not None:
+            bits.append(f"end to end (batch {d['end_to_end_batch']}) the default "
+                        f"{100 * e2e:+.0f}% vs the per-layer oracle"
+                        + (" (the same lowerings: the run's resolution)" if same else ""))
+        if bits:
+            parts.append(f"{dtype}: " + ", ".join(bits))
     return "; ".join(parts) or "no complete result"
 
 
@@ -225,6 +231,18 @@ CCT = {
 }
 
 
+def cpu_of(d: dict) -> Optional[str]:
+    """The CPU a part's result names (its ``machine``: a :func:`benchmarks.common.machine`
+    dict, a ``{"cpu": cpu_info()}`` one, or a line), or None when it records none. The
+    summary gathers parts run at different times, possibly on different machines: each row
+    says which."""
+    m = d.get("machine")
+    cpu = m.get("cpu") if isinstance(m, dict) else m
+    if isinstance(cpu, dict):
+        cpu = cpu.get("model")
+    return cpu if isinstance(cpu, str) and cpu else None
+
+
 def summary(out: Path, status: Dict[str, str]) -> tuple:
     """(markdown, json-able dict) of every part's headline figure next to CcT's."""
     rows, data = [], {}
@@ -239,6 +257,8 @@ def summary(out: Path, status: Dict[str, str]) -> tuple:
                 line = HEADLINES[name](d)
             except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
                 line = f"incomplete result ({type(exc).__name__}: {exc})"
+            cpu = cpu_of(d)
+            line = f"on {cpu}: {line}" if cpu else f"(CPU not recorded) {line}"
             if name not in status:
                 line = f"(not run this time; earlier result) {line}"
         data[name] = {"rq": rq, "title": title, "keras_cct": line, "cct": CCT[name]}

@@ -249,6 +249,17 @@ def matmul_ceiling(library: str, dtype: str = "float32", n: int = 2048,
     return flop / best_of(step, repeats) / 1e9
 
 
+def winograd_share(geo, lowering: str) -> float:
+    """Multiplications of a Winograd lowering's GEMMs over the direct convolution's, for a
+    :class:`~keras_cct.lowering.geometry.ConvGeometry`: F(m x m, r x r) does (m + r - 1)^2
+    products per tile and pair of channels, the direct convolution r^2 m^2. A Winograd rate in
+    direct flops times this is the rate of the products it runs (what a GEMM ceiling bounds)."""
+    from keras_cct.lowering.dispatch import WINOGRAD_TILE
+    m = WINOGRAD_TILE[lowering]
+    tiles = -(-geo.out_h // m) * -(-geo.out_w // m)
+    return (m + geo.kh - 1) ** 2 * tiles / (geo.kh ** 2 * geo.out_h * geo.out_w)
+
+
 def machine() -> Dict[str, object]:
     """What the numbers were measured on."""
     import keras

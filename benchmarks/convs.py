@@ -71,7 +71,7 @@ from typing import Dict, List, Optional
 
 from benchmarks.common import (DEFAULT_OUT, ROOT, cpu_info, library_of, library_versions,
                                matmul_ceiling, onednn_versions, peak_gflops, round_order,
-                               spawn_config)
+                               spawn_config, winograd_share)
 from benchmarks.convs_report import (CEILING_SIZES, MAX_ROUNDS, MIN_TIMED_S, SLOW_FACTOR, SLOW_S,
                                      markdown, plot, summarize)
 
@@ -297,14 +297,9 @@ def measure_layer(shp: dict, batch: int, backend: str, dtype: str, repeats: int,
 
 
 def _winograd_share(shp: dict, batch: int, lowering: str) -> float:
-    """Multiplications of a Winograd lowering's GEMMs over the direct convolution's: F(m x m,
-    r x r) does (m + r - 1)^2 products per tile and pair of channels, the direct convolution
-    r^2 m^2."""
+    """:func:`benchmarks.common.winograd_share` of a layer's shape."""
     from benchmarks.peers import geometry
-    from keras_cct.lowering.dispatch import WINOGRAD_TILE
-    geo, m = geometry(shp, batch), WINOGRAD_TILE[lowering]
-    tiles = -(-geo.out_h // m) * -(-geo.out_w // m)
-    return (m + geo.kh - 1) ** 2 * tiles / (geo.kh ** 2 * geo.out_h * geo.out_w)
+    return winograd_share(geometry(shp, batch), lowering)
 
 
 def flag(layers: List[dict], ceiling: float, peak: Optional[float], dtype: str,

@@ -1,26 +1,37 @@
-"""Benchmark of the lowerings (issue: foundation; CcT's RQ2).
+"""Benchmark of the lowerings (CcT's RQ2), in float32 and bfloat16.
 
-1. CaffeNet's five convolutions at batch 32: forward and forward+backward time of each lowering,
-   ``"auto"`` (planner="measure"), ``keras.layers.Conv2D(groups=g)``'s own op and the split-groups
-   form ("native"), plus a bare GEMM of the Type 1 shape and a large square SGEMM (the ceiling).
+1. CaffeNet's five convolutions at batch 32: forward and forward+backward time of every lowering
+   the layer can use (Type 1/2/3, ``"native"``, Winograd F(2x2) and F(4x4), space-to-depth),
+   ``keras.layers.Conv2D(groups=g)``'s own op (the peer a Keras user runs) and Type 1 with
+   autodiff's gradient, interleaved; the picks of the three planner modes (``"auto"``, what
+   HybridConv2D does by default, ``"measure"`` and the cost model ``"model"``); the backend's
+   square-GEMM ceiling in the same dtype. A direct-flop rate above the ceiling (a Winograd
+   lowering's: the rate of the products it runs) is a measuring error, listed and left out of
+   the ratios.
 2. CcT's Type 1 vs Type 3 figure: a sweep of input/output channel ratio d/o from 1/32 to 32 at
    constant flops, with the cost model's pick (``choose(mode="model")``) against the fastest.
 3. CcT's batch partitioning: Type 1 forward and forward+backward GFLOP/s on conv2-conv5 for a
    range of lowered bytes per partition (0 = the whole batch in one matrix), which is how
    :data:`keras_cct.lowering.cost.PARTITION_BYTES` was chosen.
 
+Every forward+backward step fetches the loss with both gradients (the forward is part of the
+time). bfloat16 casts the inputs and kernel (as ``mixed_bfloat16`` computes a layer).
+
 Writes ``lowering.json``, ``lowering.md`` and ``lowering.png`` under ``docs/benchmarks/``.
-Run: ``python -m benchmarks.lowering [--quick] [--out DIR]``.
+Run: ``python -m benchmarks.lowering [--quick] [--dtypes float32,bfloat16] [--out DIR]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Dict, List, Optional
 
 import numpy as np
 
-from benchmarks.common import DEFAULT_OUT, best_of, machine, markdown_table, write_results
+from benchmarks.common import (DEFAULT_OUT, best_of, cpu_info, library_versions, machine_line,
+                               markdown_table, winograd_share, write_results)
 
 CAFFENET = {  # name: (input h=w, channels, filters, kernel, stride, pad, groups)
     "conv1": (227, 3, 96, 11, 4, 0, 1),
@@ -30,6 +41,25 @@ CAFFENET = {  # name: (input h=w, channels, filters, kernel, stride, pad, groups
     "conv5": (13, 384, 256, 3, 1, 1, 2),
 }
 LOWERED = ("type1", "type2", "type3")
+DTYPES = ("float32", "bfloat16")
+#: The planner modes whose picks are reported ("auto" is HybridConv2D's default).
+MODES = ("auto", "measure", "model")
+#: Columns of the CaffeNet tables: every lowering, then the Keras peer.
+COLUMNS = ("type1", "type2", "type3", "native", "winograd", "winograd4", "space_to_depth",
+           "keras_conv2d")
+
+
+def geometry(name: str, batch: int, layers=CAFFENET):
+    """The :class:`~keras_cct.lowering.geometry.ConvGeometry` of layer ``name``."""
+    from keras_cct.lowering import conv_geometry
+    hw, c, o, k, s, p, g = layers[name]
+    return conv_geometry((batch, hw, hw, c), (k, k, c // g, o), strides=s, padding=p, groups=g)
+
+
+def lowerings_of(geo) -> tuple:
+    """Every lowering that can compute ``geo`` (``depthwise`` aside: no CaffeNet layer is)."""
+    from keras_cct.lowering.dispatch import available
+    return tuple(c for c in available(geo) if c != "depthwise")
 
 
 def keras_grouped_conv(x, k, geo):
@@ -51,14 +81,6 @@ def type1_autodiff(x, k, geo):
     return lowered_conv2d(x, k, geo, "type1", custom_gradient=False)
 
 
-def gemm_gflops(m: int, k: int, n: int, repeats: int) -> float:
-    import tensorflow as tf
-    a = tf.constant(np.random.default_rng(0).random((m, k), dtype=np.float32))
-    b = tf.constant(np.random.default_rng(1).random((k, n), dtype=np.float32))
-    fn = tf.function(lambda a, b: tf.matmul(a, b)[:1, :1])
-    return 2 * m * k * n / best_of(lambda: fn(a, b).numpy(), repeats) / 1e9
-
-
 def _inputs(geo, batch):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels)).astype("float32")
@@ -66,86 +88,197 @@ def _inputs(geo, batch):
     return x, k
 
 
-def time_conv(geo, how, batch, training, repeats):
+def _cast(dtype: str) -> Optional[str]:
+    return None if dtype == "float32" else dtype
+
+
+def time_conv(geo, how, batch, training, repeats, dtype: str = "float32"):
     from keras_cct.lowering.timing import make_step
     x, k = _inputs(geo, batch)
-    return best_of(make_step(geo, how, x, k, training=training), repeats)
+    return best_of(make_step(geo, how, x, k, training=training, dtype=_cast(dtype)), repeats)
 
 
-def time_interleaved(geo, hows: dict, batch, training, repeats) -> dict:
+def time_interleaved(geo, hows: dict, batch, training, repeats, dtype: str = "float32",
+                     ceiling: Optional["Ceiling"] = None) -> dict:
     """Best-of-``repeats`` seconds of each candidate, timed round-robin (one call of each per
-    round) so that a burst of load on this shared machine hits all candidates alike."""
+    round, in an order shuffled per round) so that a burst of load on this shared machine hits
+    all candidates alike, and none always follows the same one (a step right after a large
+    one ran slower: in a fixed order, CaffeNet conv3's ``"native"`` after Type 3 took 48.3 ms
+    in bfloat16 against 41.3 for keras Conv2D's identical op); the ``ceiling``'s GEMMs are
+    probed in every round too (the same load, as many tries)."""
+    import random
     import time
     from keras_cct.lowering.timing import make_step
     x, k = _inputs(geo, batch)
-    steps = {label: make_step(geo, how, x, k, training=training) for label, how in hows.items()}
+    steps = {label: make_step(geo, how, x, k, training=training, dtype=_cast(dtype))
+             for label, how in hows.items()}
     for step in steps.values():
         step()
     best = {label: float("inf") for label in steps}
-    for _ in range(repeats):
-        for label, step in steps.items():
+    for rnd in range(repeats):
+        if ceiling is not None:
+            ceiling.probe()
+        order = list(steps)
+        random.Random(rnd).shuffle(order)
+        for label in order:
             t0 = time.perf_counter()
-            step()
+            steps[label]()
             best[label] = min(best[label], time.perf_counter() - t0)
     return best
 
 
-def caffenet_part(batch, repeats, progress):
-    from keras_cct.lowering import choose_for, conv_geometry
+class Ceiling:
+    """The GEMM ceiling of a run: the best rate of the backend's square products (512, 1024
+    and 2048) in ``dtype``, probed at the start and in every round of the timings, so that it
+    gets as many tries under the same load as the candidates (a 2048 product alone, measured
+    once, ran at 40% of its rate on this 2-core VM's shared cache)."""
+
+    SIZES = (512, 1024, 2048)
+
+    def __init__(self, dtype: str, library: Optional[str] = None):
+        import keras
+        from benchmarks.convs import gemm_probe
+        self.dtype = dtype
+        lib = library or keras.backend.backend()
+        self._probes = {n: gemm_probe(f"{lib} {dtype} {n}") for n in self.SIZES}
+        self.gflops = dict.fromkeys(self.SIZES, 0.0)
+
+    def probe(self, times: int = 1) -> None:
+        for _ in range(times):
+            for n, probe in self._probes.items():
+                self.gflops[n] = max(self.gflops[n], probe())
+
+    @property
+    def value(self) -> float:
+        return max(self.gflops.values())
+
+
+def _rate(geo, label: str, seconds: float, batch: int, training: bool) -> float:
+    """GFLOP/s of the products ``label`` runs (direct flops; a Winograd lowering's fewer)."""
+    flops = geo.flops(batch) * (3 if training else 1)
+    share = winograd_share(geo, label) if label.startswith("winograd") else 1.0
+    return flops * share / seconds / 1e9
+
+
+def _hows(geo, batch) -> Dict[str, object]:
+    """The candidates timed on ``geo``: its lowerings whose temporaries fit in memory, the
+    Keras peer and Type 1 with autodiff's gradient."""
     from keras_cct.lowering.planner import fits_in_memory
-    rows, results = [], {}
-    ceiling = gemm_gflops(2048, 2048, 2048, repeats)
-    for name, (hw, c, o, k, s, p, g) in CAFFENET.items():
-        geo = conv_geometry((batch, hw, hw, c), (k, k, c // g, o), strides=s, padding=p,
-                            groups=g)
-        auto = choose_for(geo, mode="measure", batch=batch)
-        model_pick = choose_for(geo, mode="model", batch=batch)
-        hows = {low: low for low in LOWERED + ("native",)}
-        hows["keras_conv2d"] = keras_grouped_conv
+    hows: Dict[str, object] = {low: low for low in lowerings_of(geo)
+                               if fits_in_memory(geo, low, batch)}
+    hows["keras_conv2d"] = keras_grouped_conv
+    if "type1" in hows:
         hows["type1_autodiff"] = type1_autodiff
-        res = {"auto_choice": auto, "model_choice": model_pick, "gflop": geo.flops(batch) / 1e9}
-        # e.g. Type 3 on conv1 (a (b*227*227, 121*96) lifted matrix) is not run
-        runnable = {label: how for label, how in hows.items()
-                    if fits_in_memory(geo, label.replace("_autodiff", ""), batch)}
+    return hows
+
+
+def _picks(geo, batch: int, dtype: str, runnable) -> Dict[str, str]:
+    from keras_cct.lowering import choose_for
+    return {"auto": choose_for(geo, mode="auto", dtype=dtype, batch=batch),
+            # "measure" among what fits (Type 3 on conv1 needs tens of GB at batch 32)
+            "measure": choose_for(geo, mode="measure", dtype=dtype, batch=batch,
+                                  candidates=runnable),
+            "model": choose_for(geo, mode="model", dtype=dtype, batch=batch)}
+
+
+def caffenet_part(batch, repeats, progress, dtype: str = "float32",
+                  ceiling: Optional[Ceiling] = None, layers=CAFFENET) -> dict:
+    """Every candidate of every CaffeNet convolution (module docstring, part 1); ``layers``
+    (``{name: (hw, c, o, k, s, p, g)}``) replaces CaffeNet's. Judge the rates with
+    :func:`flag` once the ceiling has had all its tries."""
+    results = {}
+    for name in layers:
+        geo = geometry(name, batch, layers)
+        hows = _hows(geo, batch)
+        runnable = [h for h in hows if h in lowerings_of(geo)]
+        res = {"gflop": geo.flops(batch) / 1e9, "picks": _picks(geo, batch, dtype, runnable),
+               "not_run": [c for c in lowerings_of(geo) if c not in hows]}
         for mode, training in (("fwd", False), ("fwd_bwd", True)):
-            secs = time_interleaved(geo, runnable, batch, training, repeats)
-            for label in hows:
-                res[f"{label}_{mode}_ms"] = 1e3 * secs.get(label, float("nan"))
+            secs = time_interleaved(geo, hows, batch, training, repeats, dtype, ceiling)
+            res[f"{mode}_ms"] = {label: 1e3 * t for label, t in secs.items()}
+            res[f"{mode}_gflops"] = {label: _rate(geo, label, t, batch, training)
+                                     for label, t in secs.items()}
             progress.update(len(hows))
-            res[f"auto_{mode}_ms"] = res[f"{auto}_{mode}_ms"]
-        m, kk, n = batch * geo.out_h * geo.out_w, geo.kh * geo.kw * geo.cg, geo.og
-        res["gemm_gflops"] = gemm_gflops(m * geo.groups, kk, n, repeats)
-        res["type1_fwd_gflops"] = geo.flops(batch) / res["type1_fwd_ms"] / 1e6
-        res["type1_fwd_vs_ceiling"] = res["type1_fwd_gflops"] / ceiling
-        best_keras = min(res["keras_conv2d_fwd_bwd_ms"], res["native_fwd_bwd_ms"])
-        res["auto_vs_best_keras"] = best_keras / res["auto_fwd_bwd_ms"]
-        res["auto_vs_keras_grouped"] = res["keras_conv2d_fwd_bwd_ms"] / res["auto_fwd_bwd_ms"]
-        res["custom_grad_speedup"] = res["type1_autodiff_fwd_bwd_ms"] / res["type1_fwd_bwd_ms"]
         results[name] = res
-        rows.append([name, g, auto, model_pick] +
-                    [res[f"{h}_fwd_ms"] for h in LOWERED + ("native", "keras_conv2d")] +
-                    [res[f"{h}_fwd_bwd_ms"] for h in LOWERED + ("native", "keras_conv2d")] +
-                    [res["type1_fwd_vs_ceiling"], res["auto_vs_best_keras"],
-                     res["auto_vs_keras_grouped"], res["custom_grad_speedup"]])
-    header = ["layer", "groups", "auto", "model"] + \
-        [f"{h} fwd ms" for h in ("T1", "T2", "T3", "native", "Conv2D")] + \
-        [f"{h} f+b ms" for h in ("T1", "T2", "T3", "native", "Conv2D")] + \
-        ["T1 fwd / ceiling", "best Keras / auto (f+b)", "Conv2D(groups) / auto (f+b)",
-         "T1 autodiff / T1 custom grad (f+b)"]
-    return {"ceiling_gflops": ceiling, "layers": results}, markdown_table(header, rows)
+    return {"layers": results}
 
 
-def sweep_part(batch, hw, repeats, points, progress):
+def flag(part: dict, ceiling: float, dtype: str) -> dict:
+    """Mark every rate of :func:`caffenet_part`'s result above ``ceiling`` as a measuring
+    error and compute each layer's ratios without them; returns ``part``."""
+    part["ceiling_gflops"] = ceiling
+    for name, res in part["layers"].items():
+        res["above_ceiling"], res["measuring_errors"] = [], []
+        for mode in ("fwd", "fwd_bwd"):
+            for label, rate in res[f"{mode}_gflops"].items():
+                if rate > ceiling:
+                    res["above_ceiling"].append(label)
+                    res["measuring_errors"].append(
+                        f"{name} {label} {mode}: {rate:.0f} GFLOP/s > the {dtype} GEMM "
+                        f"ceiling {ceiling:.0f}")
+        res.update(_ratios(res, ceiling))
+    return part
+
+
+def _ratios(res: dict, ceiling: float) -> dict:
+    """A layer's headline ratios (forward+backward), leaving out any measuring error."""
+    bad = set(res["above_ceiling"])
+    fb = {k: v for k, v in res["fwd_bwd_ms"].items() if k not in bad}
+    lowerings = {k: v for k, v in fb.items() if k not in ("keras_conv2d", "type1_autodiff")}
+    auto = fb.get(res["picks"]["auto"])
+    out = {"fastest": min(lowerings, key=lowerings.get) if lowerings else None}
+    out["default_vs_keras"] = fb["keras_conv2d"] / auto if auto and "keras_conv2d" in fb \
+        else None
+    out["fastest_vs_default"] = lowerings[out["fastest"]] / auto if auto and lowerings \
+        else None
+    t1 = res["fwd_gflops"].get("type1")
+    out["type1_fwd_vs_ceiling"] = t1 / ceiling if t1 and "type1" not in bad else None
+    out["custom_grad_speedup"] = fb["type1_autodiff"] / fb["type1"] \
+        if "type1" in fb and "type1_autodiff" in fb else None
+    return out
+
+
+def caffenet_markdown(part: dict, batch: int, dtype: str) -> str:
+    """The CaffeNet tables of one dtype: forward+backward and forward ms, then the ratios."""
+    layers = part["layers"]
+    cols = [c for c in COLUMNS if any(c in r["fwd_ms"] for r in layers.values())]
+    names = {"keras_conv2d": "keras Conv2D", "space_to_depth": "space-to-depth"}
+    md = ""
+    for mode, title in (("fwd_bwd", "forward+backward"), ("fwd", "forward")):
+        rows = [[n, r["picks"]["auto"]] + [r[f"{mode}_ms"].get(c, "-") for c in cols]
+                for n, r in layers.items()]
+        md += (f"\n{title}, ms (`-`: the layer cannot use it, or its temporaries do not fit):"
+               f"\n\n" + markdown_table(["layer", "default pick"] +
+                                         [names.get(c, c) for c in cols], rows))
+    rows = [[n, r["picks"]["auto"], r["picks"]["measure"], r["picks"]["model"], r["fastest"],
+             _fmt(r["default_vs_keras"]), _fmt(r["fastest_vs_default"]),
+             _fmt(r["type1_fwd_vs_ceiling"]), _fmt(r["custom_grad_speedup"])]
+            for n, r in layers.items()]
+    md += ("\nPicks and ratios (forward+backward):\n\n" + markdown_table(
+        ["layer", "default (auto)", "measure", "model", "fastest lowering",
+         "keras Conv2D / default", "fastest / default", "T1 fwd / ceiling",
+         "T1 autodiff / custom grad"], rows))
+    errors = [e for r in layers.values() for e in r["measuring_errors"]]
+    md += ("\nMeasuring errors (left out of the ratios): " + "; ".join(errors) + "\n"
+           if errors else f"\nNo rate above the {dtype} GEMM ceiling.\n")
+    return md
+
+
+def _fmt(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def sweep_part(batch, hw, repeats, points, progress, dtype: str = "float32"):
     from keras_cct.lowering import choose_for, conv_geometry
     rows, results = [], []
     for e in points:  # d/o = 2**e at constant d*o
         d, o = int(2 ** (7.5 + e / 2)), int(2 ** (7.5 - e / 2))
         geo = conv_geometry((batch, hw, hw, d), (3, 3, d, o), padding=1)
         times = {low: 1e3 * t for low, t in time_interleaved(
-            geo, {low: low for low in LOWERED}, batch, True, repeats).items()}
+            geo, {low: low for low in LOWERED}, batch, True, repeats, dtype).items()}
         progress.update(len(LOWERED))
         best = min(times, key=times.get)
-        pick = choose_for(geo, mode="model", batch=batch)
+        pick = choose_for(geo, mode="model", dtype=dtype, batch=batch)
         regret = times[pick] / times[best] - 1
         results.append({"d": d, "o": o, "ratio": d / o, "ms": times, "fastest": best,
                         "model_choice": pick, "regret": regret})
@@ -159,11 +292,12 @@ def sweep_part(batch, hw, repeats, points, progress):
 PARTITION_TARGETS_MB = (0, 1, 2, 4, 8, 16, 32)
 
 
-def partition_part(batch, repeats, targets, progress):
+def partition_part(batch, repeats, targets, progress, dtype: str = "float32",
+                   ceiling: Optional[Ceiling] = None) -> dict:
     from keras_cct.lowering import conv_geometry
     from keras_cct.lowering.cost import partitions
     from keras_cct.lowering.engine import lowered_conv2d
-    rows, results = [], {}
+    results = {}
     for name in ("conv2", "conv3", "conv4", "conv5"):
         hw, c, o, k, s, p, g = CAFFENET[name]
         geo = conv_geometry((batch, hw, hw, c), (k, k, c // g, o), strides=s, padding=p,
@@ -174,49 +308,70 @@ def partition_part(batch, repeats, targets, progress):
         hows = {key: (lambda x, kk, geo_, n=n: lowered_conv2d(x, kk, geo_, "type1",
                                                                partitions=n))
                 for key, n in parts.items()}
-        fwd = time_interleaved(geo, hows, batch, False, repeats)
-        fb = time_interleaved(geo, hows, batch, True, repeats)
+        fwd = time_interleaved(geo, hows, batch, False, repeats, dtype, ceiling)
+        fb = time_interleaved(geo, hows, batch, True, repeats, dtype, ceiling)
         gf = geo.flops(batch) / 1e9
         res = {key: {"partitions": parts[key], "fwd_gflops": gf / fwd[key],
                      "fwd_bwd_gflops": 3 * gf / fb[key]} for key in parts}
         progress.update(len(targets))
         results[name] = res
-        rows.append([name] + [f"{res[str(mb)]['fwd_gflops']:.0f} / "
-                              f"{res[str(mb)]['fwd_bwd_gflops']:.0f} "
-                              f"(p={res[str(mb)]['partitions']})" for mb in targets])
+    return {"targets_mb": list(targets), "layers": results}
+
+
+def partition_markdown(part: dict, ceiling: float) -> str:
+    targets = part["targets_mb"]
+    rows = [[name] + [_partition_cell(res[str(mb)], ceiling) for mb in targets]
+            for name, res in part["layers"].items()]
     header = ["layer"] + ["whole batch" if mb == 0 else f"{mb} MB" for mb in targets]
-    return {"targets_mb": list(targets), "layers": results}, markdown_table(header, rows)
+    return markdown_table(header, rows)
+
+
+def _partition_cell(r: dict, ceiling: Optional[float]) -> str:
+    """``fwd / f+b (p=n)``; a rate above the GEMM ceiling is marked as a measuring error."""
+    def rate(v):
+        return f"{v:.0f}" + (" (above the ceiling: a measuring error)"
+                             if ceiling and v > ceiling else "")
+    return f"{rate(r['fwd_gflops'])} / {rate(r['fwd_bwd_gflops'])} (p={r['partitions']})"
 
 
 def plot(data, path: Path) -> None:
+    """Per dtype: CaffeNet's forward+backward ms of each candidate (log scale; the default's
+    pick ringed) and the d/o sweep."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.8))
-    layers = list(data["caffenet"]["layers"])
-    hows = ["type1", "type2", "type3", "native", "keras_conv2d"]
-    width = 0.16
-    for i, h in enumerate(hows):
-        vals = [data["caffenet"]["layers"][n][f"{h}_fwd_bwd_ms"] for n in layers]
-        a1.bar(np.arange(len(layers)) + (i - 2) * width, vals, width,
-               label=h.replace("keras_conv2d", "Conv2D(groups=g)"))
-    a1.set_xticks(np.arange(len(layers)), layers)
-    a1.set_ylabel("forward+backward ms (batch %d)" % data["batch"])
-    a1.set_yscale("log")
-    a1.set_title("CaffeNet convolutions")
-    a1.legend(fontsize=8)
-    pts = data["sweep"]["points"]
-    ratios = [p["ratio"] for p in pts]
-    for low in LOWERED:
-        a2.plot(ratios, [p["ms"][low] for p in pts], marker="o", label=low)
-    a2.scatter(ratios, [p["ms"][p["model_choice"]] for p in pts], s=120, facecolors="none",
-               edgecolors="k", label="cost model's pick")
-    a2.set_xscale("log", base=2)
-    a2.set_xlabel("input / output channels (d/o), constant flops")
-    a2.set_ylabel("forward+backward ms")
-    a2.set_title("Type 1 vs Type 3 (CcT's crossover)")
-    a2.axvline(1.0, color="grey", lw=0.5)
-    a2.legend(fontsize=8)
+    runs = data["runs"]
+    fig, axes = plt.subplots(len(runs), 2, figsize=(14, 4.6 * len(runs)), squeeze=False)
+    for (dtype, run), (a1, a2) in zip(runs.items(), axes):
+        layers = run["caffenet"]["layers"]
+        names = list(layers)
+        cols = [c for c in COLUMNS if any(c in r["fwd_bwd_ms"] for r in layers.values())]
+        width = 0.8 / len(cols)
+        for i, c in enumerate(cols):
+            xs = np.arange(len(names)) + (i - (len(cols) - 1) / 2) * width
+            vals = [layers[n]["fwd_bwd_ms"].get(c, np.nan) for n in names]
+            a1.bar(xs, vals, width, label=c.replace("keras_conv2d", "keras Conv2D"))
+            picked = [(x, v) for x, v, n in zip(xs, vals, names)
+                      if layers[n]["picks"]["auto"] == c]
+            if picked:
+                a1.scatter(*zip(*picked), s=60, facecolors="none", edgecolors="k", zorder=3)
+        a1.set_xticks(np.arange(len(names)), names)
+        a1.set_ylabel(f"forward+backward ms (batch {data['batch']})")
+        a1.set_yscale("log")
+        a1.set_title(f"CaffeNet convolutions, {dtype} (ringed: the default's pick)")
+        a1.legend(fontsize=7, ncol=2)
+        pts = run["sweep"]["points"]
+        ratios = [p["ratio"] for p in pts]
+        for low in LOWERED:
+            a2.plot(ratios, [p["ms"][low] for p in pts], marker="o", label=low)
+        a2.scatter(ratios, [p["ms"][p["model_choice"]] for p in pts], s=120,
+                   facecolors="none", edgecolors="k", label="cost model's pick")
+        a2.set_xscale("log", base=2)
+        a2.set_xlabel("input / output channels (d/o), constant flops")
+        a2.set_ylabel("forward+backward ms")
+        a2.set_title(f"Type 1 vs Type 3 (CcT's crossover), {dtype}")
+        a2.axvline(1.0, color="grey", lw=0.5)
+        a2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -226,37 +381,81 @@ def _default_partition_mb() -> float:
     return PARTITION_BYTES / (1 << 20)
 
 
+def _dtypes(value: str) -> List[str]:
+    out = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in out if v not in DTYPES]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"--dtypes takes some of {DTYPES}, got {value!r}")
+    return out
+
+
+def run_dtype(dtype: str, batch: int, repeats: int, points, sweep_size, targets,
+              progress) -> dict:
+    """The three parts in one dtype; the rates judged against the GEMM ceiling probed
+    throughout."""
+    ceiling = Ceiling(dtype)
+    ceiling.probe(3)
+    caffenet = caffenet_part(batch, repeats, progress, dtype, ceiling)
+    sweep, sweep_md = sweep_part(*sweep_size, repeats, points, progress, dtype)
+    parts = partition_part(batch, repeats, targets, progress, dtype, ceiling)
+    ceiling.probe(3)
+    return {"ceiling_gflops": ceiling.value, "ceiling_by_size": ceiling.gflops,
+            "caffenet": flag(caffenet, ceiling.value, dtype),
+            "sweep": {"batch": sweep_size[0], "hw": sweep_size[1], **sweep},
+            "partitions": parts,
+            "markdown": {"sweep": sweep_md,
+                         "partitions": partition_markdown(parts, ceiling.value)}}
+
+
+def markdown(data: dict, command: str) -> str:
+    batch = data["batch"]
+    md = (f"# Lowering benchmark (CcT RQ2)\n\n{machine_line(data['machine'])} Backend: "
+          f"{data['machine']['backend']}.\n\nCommand: `{command}`. Best of "
+          f"{data['repeats']} interleaved rounds; every forward+backward step fetches the loss "
+          "with both gradients. The default pick is `planner=\"auto\"` (HybridConv2D's "
+          "default, from its cache where the shape was planned before).\n")
+    for dtype, run in data["runs"].items():
+        sw, md_parts = run["sweep"], run["markdown"]
+        md += (f"\n## {dtype}\n\nGEMM ceiling (the backend's square products of 512, "
+               f"1024 and 2048, probed in every round): {run['ceiling_gflops']:.0f} "
+               f"GFLOP/s.\n\n### CaffeNet convolutions, batch {batch}\n" +
+               caffenet_markdown(run["caffenet"], batch, dtype) +
+               f"\n### d/o sweep (batch {sw['batch']}, {sw['hw']}x{sw['hw']}, 3x3, constant "
+               f"flops)\n\nCost model within 10% of the fastest lowered type on "
+               f"{100 * sw['model_within_10pct']:.0f}% of the points.\n\n{md_parts['sweep']}\n"
+               f"### Batch partitions (Type 1, batch {batch})\n\nGFLOP/s forward / "
+               f"forward+backward (p = partitions) by lowered bytes per partition; the default "
+               f"is {_default_partition_mb():g} MB.\n\n{md_parts['partitions']}")
+    return md
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small batch, fewer points")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--dtypes", type=_dtypes, default=list(DTYPES))
     args = parser.parse_args(argv)
+    import keras
     from tqdm import tqdm
     batch = args.batch or (8 if args.quick else 32)
     repeats = args.repeats or (2 if args.quick else 3)
     points = [-5, -3, -1, 0, 1, 3, 5] if args.quick else list(range(-5, 6))
-    sweep_batch, sweep_hw = (8, 14) if args.quick else (16, 28)
+    sweep_size = (8, 14) if args.quick else (16, 28)
     targets = (0, 2, 8) if args.quick else PARTITION_TARGETS_MB
-    total = len(CAFFENET) * 12 + len(points) * 3 + 4 * len(targets)
-    with tqdm(total=total, desc="lowering benchmark", unit="run") as progress:
-        caffenet, md1 = caffenet_part(batch, repeats, progress)
-        sweep, md2 = sweep_part(sweep_batch, sweep_hw, repeats, points, progress)
-        parts, md3 = partition_part(batch, repeats, targets, progress)
-    data = {"machine": machine(), "batch": batch, "caffenet": caffenet,
-            "sweep": {"batch": sweep_batch, "hw": sweep_hw, **sweep}, "partitions": parts}
-    md = (f"# Lowering benchmark\n\nMachine: {data['machine']}\n\n"
-          f"Command: `python -m benchmarks.lowering{' --quick' if args.quick else ''}`\n\n"
-          f"## CaffeNet convolutions, batch {batch}\n\nSGEMM ceiling (2048^3): "
-          f"{caffenet['ceiling_gflops']:.0f} GFLOP/s. `auto` = planner='measure'. nan: the "
-          f"lowering's temporaries exceed a quarter of the memory, so it is not run.\n\n{md1}\n"
-          f"## d/o sweep (batch {sweep_batch}, {sweep_hw}x{sweep_hw}, 3x3, constant flops)\n\n"
-          f"Cost model within 10% of the fastest lowering on "
-          f"{100 * sweep['model_within_10pct']:.0f}% of the points.\n\n{md2}\n"
-          f"## Batch partitions (Type 1, batch {batch})\n\nGFLOP/s forward / forward+backward "
-          f"(p = partitions) by lowered bytes per partition; the default is "
-          f"{_default_partition_mb():g} MB.\n\n{md3}")
+    per_dtype = sum(2 * len(_hows(geometry(n, batch), batch)) for n in CAFFENET) + \
+        len(points) * len(LOWERED) + 4 * len(targets)
+    with tqdm(total=per_dtype * len(args.dtypes), desc="lowering benchmark",
+              unit="run") as progress:
+        runs = {d: run_dtype(d, batch, repeats, points, sweep_size, targets, progress)
+                for d in args.dtypes}
+    data = {"machine": {"cpu": cpu_info(), "versions": library_versions(),
+                        "backend": keras.backend.backend()},
+            "batch": batch, "repeats": repeats, "runs": runs}
+    command = " ".join(["python -m benchmarks.lowering"] +
+                       list(sys.argv[1:] if argv is None else argv))
+    md = markdown(data, command)
     write_results(args.out, "lowering", data, md)
     plot(data, args.out / "lowering.png")
     print(md)

@@ -109,6 +109,47 @@ def test_lowering_sweep_tiny():
     assert "d/o" in md
 
 
+def test_lowering_caffenet_part_tiny():
+    """Every lowering the layer can use, the Keras peer and the planner's picks are timed; a
+    rate above the GEMM ceiling is a measuring error, left out of the ratios."""
+    from benchmarks import lowering
+    layers = {"a": (9, 8, 8, 3, 1, 1, 1), "b": (9, 4, 8, 3, 2, 0, 2)}
+    for ceiling, flagged in ((1e9, False), (1e-9, True)):
+        progress = _Count()
+        part = lowering.flag(lowering.caffenet_part(2, 1, progress, layers=layers), ceiling,
+                             "float32")
+        for name, r in part["layers"].items():
+            geo = lowering.geometry(name, 2, layers)
+            timed = set(lowering.lowerings_of(geo)) | {"keras_conv2d", "type1_autodiff"}
+            assert set(r["fwd_ms"]) == set(r["fwd_bwd_ms"]) == timed
+            assert all(_finite_positive(v) for v in r["fwd_bwd_ms"].values())
+            assert all(r["picks"][m] in lowering.lowerings_of(geo) for m in lowering.MODES)
+            fb = r["fwd_bwd_ms"]
+            if flagged:
+                assert len(r["measuring_errors"]) == 2 * len(timed), r["measuring_errors"]
+                assert r["default_vs_keras"] is None and r["fastest"] is None
+            else:
+                assert r["measuring_errors"] == []
+                assert math.isclose(r["default_vs_keras"],
+                                    fb["keras_conv2d"] / fb[r["picks"]["auto"]])
+                assert r["fastest"] == min((c for c in fb if c in lowering.COLUMNS and
+                                            c != "keras_conv2d"), key=fb.get)
+        assert progress.n == 2 * sum(len(r["fwd_ms"]) for r in part["layers"].values())
+    md = lowering.caffenet_markdown(part, 2, "float32")
+    assert "keras Conv2D" in md and "Measuring errors" in md
+
+
+def test_lowering_ceiling_is_the_best_probe():
+    """The ceiling keeps each product's best rate over its probes, and is the best of them."""
+    from benchmarks import lowering
+    ceiling = lowering.Ceiling("float32")
+    ceiling.probe()
+    first = dict(ceiling.gflops)
+    ceiling.probe(2)
+    assert all(ceiling.gflops[n] >= first[n] > 0 for n in lowering.Ceiling.SIZES)
+    assert ceiling.value == max(ceiling.gflops.values())
+
+
 # ------------------------------------------------------------------------------ RQ3 planner
 
 def test_planner_tiny(tmp_path):
@@ -118,32 +159,44 @@ def test_planner_tiny(tmp_path):
     times = planner.layer_times(2, 1, tmp_path, layers=layers, errors=errors)
     assert errors == []
     res = planner.per_layer(2, times, layers=layers, errors=errors)
+    assert errors == []
     for name, r in res.items():
         t = r["ms"]
+        assert set(t) == set(planner.lowerings_of(planner._geometry(name, 2, layers)))
         assert r["fastest"] == min(t, key=t.get)
         assert r["model_choice"] in ("type1", "type2", "type3")
-        assert r["measure_choice"] in planner.CANDIDATES
-        assert math.isclose(r["model_regret"], t[r["model_choice"]] / min(t.values()) - 1)
+        assert r["measure_choice"] in t and r["auto_choice"] in t
+        for mode in planner.MODES:
+            assert math.isclose(r[f"{mode}_regret"],
+                                t[r[f"{mode}_choice"]] / min(t.values()) - 1)
     tot = planner.totals(res)
-    assert tot["model_ms"] >= tot["fastest_ms"] > 0
+    assert tot["auto_ms"] >= tot["fastest_ms"] > 0 and tot["model_ms"] >= tot["fastest_ms"]
 
 
 def test_planner_reuses_lowering_json(tmp_path):
-    """Times come from benchmarks.lowering's JSON when it holds the same batch; a lowering it
-    did not run (NaN) is missing, and the fastest is taken among the others."""
+    """Times come from benchmarks.lowering's JSON when it holds the same batch and dtype; a
+    lowering it did not run (NaN) or flagged as a measuring error is missing, and the fastest
+    is taken among the others."""
     from benchmarks import planner
-    layer = {n: {f"{c}_fwd_bwd_ms": 10.0 + i for i, c in enumerate(planner.CANDIDATES)}
+    layer = {n: {"fwd_bwd_ms": {c: 10.0 + i for i, c in enumerate(planner.CANDIDATES)}}
              for n in planner.CAFFENET}
-    layer["conv1"]["type1_fwd_bwd_ms"] = float("nan")
-    (tmp_path / "lowering.json").write_text(json.dumps({"batch": 4,
-                                                        "caffenet": {"layers": layer}}))
+    layer["conv1"]["fwd_bwd_ms"]["type1"] = float("nan")
+    layer["conv3"]["above_ceiling"] = ["winograd"]
+    (tmp_path / "lowering.json").write_text(json.dumps(
+        {"batch": 4, "runs": {"float32": {"caffenet": {"layers": layer}}}}))
     errors: list = []
     times = planner.layer_times(4, 1, tmp_path, errors=errors)
     assert times["conv1"]["type1"] is None and times["conv2"]["type1"] == 10.0
-    assert errors == ["conv1 type1: not run by benchmarks.lowering"]
+    assert times["conv3"]["winograd"] is None and times["conv3"]["winograd4"] == 15.0
+    assert "winograd" not in times["conv1"]  # an 11x11 stride-4 layer cannot use it
+    assert errors == ["conv1 type1: not run by benchmarks.lowering",
+                      "conv3 winograd: a measuring error in benchmarks.lowering"]
     # regret is taken among the lowerings that ran: type3 (12) vs type2 (11) on conv1
-    assert math.isclose(planner._regret(times["conv1"], "type3", planner.CANDIDATES), 1 / 11)
-    assert planner._regret(times["conv1"], "type1", planner.CANDIDATES) is None
+    assert math.isclose(planner._regret(times["conv1"], "type3", times["conv1"]), 1 / 11)
+    assert planner._regret(times["conv1"], "type1", times["conv1"]) is None
+    # another dtype or batch is not read from it
+    assert planner._from_lowering_json(tmp_path, 4, "bfloat16", []) is None
+    assert planner._from_lowering_json(tmp_path, 8, "float32", []) is None
 
 
 def test_planner_memory_guard():
@@ -152,17 +205,21 @@ def test_planner_memory_guard():
     geo = planner._geometry("conv1", 32)
     skip = planner.feasible(geo, 32, budget=16 << 30)
     assert skip["type3"] and "GB" in skip["type3"]
-    assert skip["type1"] is None and skip["native"] is None
+    assert skip["type1"] is None and skip["native"] is None and skip["space_to_depth"] is None
 
 
 @pytest.mark.slow
 def test_planner_end_to_end_tiny():
     from benchmarks import planner
     oracle = {n: "type1" for n in planner.CAFFENET}
-    e2e = planner.end_to_end(1, 1, oracle, oracle, hw=67, fc=16)
-    assert all(_finite_positive(v) for v in e2e["step_s"].values()), e2e
-    assert e2e["regret_vs_oracle"]["oracle"] == 0
-    assert e2e["lowerings"]["oracle"] == oracle
+    for dtype in ("float32", "bfloat16"):
+        e2e = planner.end_to_end(1, 1, oracle, oracle, hw=67, fc=16, dtype=dtype)
+        assert all(_finite_positive(v) for v in e2e["step_s"].values()), e2e
+        assert set(e2e["step_s"]) == {"default (auto)", "planner (model)",
+                                      "planner (measure)", "oracle"}
+        assert e2e["regret_vs_oracle"]["oracle"] == 0
+        assert e2e["lowerings"]["oracle"] == oracle
+        assert keras.mixed_precision.global_policy().name == "float32"
 
 
 # ------------------------------------------------------------------------------ RQ4 hybrid
@@ -418,7 +475,8 @@ def test_summary_and_page(tmp_path):
     from benchmarks import __main__ as suite
     (tmp_path / "batching.json").write_text(json.dumps(
         {"speedup_p_cores_vs_caffe": {"iteration": 1.25}, "cores": 2, "batch": 32,
-         "images_per_s": {"iteration": {"caffe": 4.0, "caffe 1T": 2.0, "batch p=2": 5.0}}}))
+         "images_per_s": {"iteration": {"caffe": 4.0, "caffe 1T": 2.0, "batch p=2": 5.0}},
+         "machine": {"cpu": {"model": "Some CPU 9000"}}}))
     (tmp_path / "batching.png").write_bytes(b"png")
     (tmp_path / "flops.json").write_text(json.dumps(
         {"fit": {"slope_images_per_gflop": 0.5, "r2": 0.97, "max_rel_deviation": 0.1}}))
@@ -429,6 +487,10 @@ def test_summary_and_page(tmp_path):
     assert data["hybrid"]["keras_cct"].startswith("failed")
     assert data["lowering"]["keras_cct"] == "not run"
     assert data["flops"]["keras_cct"].startswith("(not run this time")
+    # each row names the CPU its part ran on (parts may come from different machines)
+    assert data["batching"]["keras_cct"].startswith("on Some CPU 9000: ")
+    assert "(CPU not recorded)" in data["flops"]["keras_cct"]
+    assert suite.cpu_of({"machine": {"cpu": "AMD EPYC"}}) == "AMD EPYC"
     assert "[plot](batching.png)" in table
     page = tmp_path / "page.md"
     page.write_text(f"# B\n\nbefore\n{suite.BEGIN}\nold\n{suite.END}\nafter\n")
