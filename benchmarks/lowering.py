@@ -407,13 +407,26 @@ def run_dtype(dtype: str, batch: int, repeats: int, points, sweep_size, targets,
                          "partitions": partition_markdown(parts, ceiling.value)}}
 
 
+def run_machine() -> dict:
+    """What RQ2 and RQ3 record of the machine: the CPU and its units, the libraries, the
+    backend."""
+    import keras
+    return {"cpu": cpu_info(), "versions": library_versions(),
+            "backend": keras.backend.backend()}
+
+
+def report_head(title: str, machine: dict, command: str) -> str:
+    """A report's first lines: its title, the machine (:func:`run_machine`), the command."""
+    return (f"# {title}\n\n{machine_line(machine)} Backend: {machine['backend']}.\n\n"
+            f"Command: `{command}`.")
+
+
 def markdown(data: dict, command: str) -> str:
     batch = data["batch"]
-    md = (f"# Lowering benchmark (CcT RQ2)\n\n{machine_line(data['machine'])} Backend: "
-          f"{data['machine']['backend']}.\n\nCommand: `{command}`. Best of "
-          f"{data['repeats']} interleaved rounds; every forward+backward step fetches the loss "
-          "with both gradients. The default pick is `planner=\"auto\"` (HybridConv2D's "
-          "default, from its cache where the shape was planned before).\n")
+    md = (report_head("Lowering benchmark (CcT RQ2)", data["machine"], command) +
+          f" Best of {data['repeats']} interleaved rounds; every forward+backward step "
+          "fetches the loss with both gradients. The default pick is `planner=\"auto\"` "
+          "(HybridConv2D's default, from its cache where the shape was planned before).\n")
     for dtype, run in data["runs"].items():
         sw, md_parts = run["sweep"], run["markdown"]
         md += (f"\n## {dtype}\n\nGEMM ceiling (the backend's square products of 512, "
@@ -437,7 +450,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--dtypes", type=_dtypes, default=list(DTYPES))
     args = parser.parse_args(argv)
-    import keras
     from tqdm import tqdm
     batch = args.batch or (8 if args.quick else 32)
     repeats = args.repeats or (2 if args.quick else 3)
@@ -450,9 +462,7 @@ def main(argv=None) -> dict:
               unit="run") as progress:
         runs = {d: run_dtype(d, batch, repeats, points, sweep_size, targets, progress)
                 for d in args.dtypes}
-    data = {"machine": {"cpu": cpu_info(), "versions": library_versions(),
-                        "backend": keras.backend.backend()},
-            "batch": batch, "repeats": repeats, "runs": runs}
+    data = {"machine": run_machine(), "batch": batch, "repeats": repeats, "runs": runs}
     command = " ".join(["python -m benchmarks.lowering"] +
                        list(sys.argv[1:] if argv is None else argv))
     md = markdown(data, command)

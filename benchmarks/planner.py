@@ -33,10 +33,10 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from benchmarks.common import (DEFAULT_OUT, cpu_info, library_versions, machine_line,
-                               markdown_table, write_results)
+from benchmarks.common import DEFAULT_OUT, markdown_table, write_results
 from benchmarks.lowering import (CAFFENET, COLUMNS, DTYPES, LOWERED, MODES, _dtypes, _picks,
-                                 geometry, lowerings_of, time_conv, time_interleaved)
+                                 geometry, lowerings_of, report_head, run_machine, time_conv,
+                                 time_interleaved)
 
 #: Every lowering a CaffeNet layer may get, in the tables' order.
 CANDIDATES = tuple(c for c in COLUMNS if c != "keras_conv2d")
@@ -327,11 +327,11 @@ def _num(v: Optional[float]):
 
 
 def markdown(data: dict, command: str) -> str:
-    md = (f"# Planner benchmark (CcT RQ3)\n\n{machine_line(data['machine'])} Backend: "
-          f"{data['machine']['backend']}.\n\nCommand: `{command}`. Forward+backward ms at "
-          f"batch {data['batch']}; regret = time(pick) / time(fastest) - 1. `auto` is "
-          "HybridConv2D's default; the cost model (`model`) ranks only the three lowered "
-          "types, so its regret is also given against the fastest of those.\n")
+    md = (report_head("Planner benchmark (CcT RQ3)", data["machine"], command) +
+          f" Forward+backward ms at batch {data['batch']}; regret = time(pick) / "
+          "time(fastest) - 1. `auto` is HybridConv2D's default; the cost model (`model`) "
+          "ranks only the three lowered types, so its regret is also given against the "
+          "fastest of those.\n")
     for dtype, run in data["runs"].items():
         md += f"\n## {dtype}\n\n" + _run_markdown(run, data)
     if any(run.get("errors") for run in data["runs"].values()):
@@ -415,7 +415,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--dtypes", type=_dtypes, default=list(DTYPES))
     args = parser.parse_args(argv)
-    import keras
     from tqdm import tqdm
     batch = args.batch or (8 if args.quick else 32)
     repeats = args.repeats or (2 if args.quick else 3)
@@ -426,9 +425,7 @@ def main(argv=None) -> dict:
               unit="run") as progress:
         runs = {d: run_dtype(d, batch, repeats, e2e_batch, fixed, args.out, progress)
                 for d in args.dtypes}
-    data = {"machine": {"cpu": cpu_info(), "versions": library_versions(),
-                        "backend": keras.backend.backend()},
-            "batch": batch, "end_to_end_batch": e2e_batch, "runs": runs}
+    data = {"machine": run_machine(), "batch": batch, "end_to_end_batch": e2e_batch, "runs": runs}
     md = markdown(data, " ".join(["python -m benchmarks.planner"] +
                                  list(sys.argv[1:] if argv is None else argv)))
     write_results(args.out, "planner", data, md)
