@@ -98,14 +98,15 @@ def _from_lowering_json(out: Path, batch: int, dtype: str, errors: list):
         if data.get("batch") != batch or dtype not in data.get("runs", {}):
             return None
         layers = data["runs"][dtype]["caffenet"]["layers"]
-        times = {}
+        times, missing = {}, []
         for n in CAFFENET:
             ms, bad = layers[n]["fwd_bwd_ms"], set(layers[n].get("above_ceiling", ()))
             times[n] = {c: None if c in bad else _finite(ms.get(c))
                         for c in lowerings_of(_geometry(n, batch))}
-            errors.extend(f"{n} {c}: " + ("a measuring error in benchmarks.lowering"
-                                          if c in bad else "not run by benchmarks.lowering")
-                          for c, v in times[n].items() if v is None)
+            missing += [f"{n} {c}: " + ("a measuring error in benchmarks.lowering"
+                                        if c in bad else "not run by benchmarks.lowering")
+                        for c, v in times[n].items() if v is None]
+        errors.extend(missing)  # (a file that breaks halfway adds none)
         return times
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -287,8 +288,8 @@ def plot(data: dict, path: Path) -> None:
         names = list(layers)
 
         def rel(n, c, layers=layers):
-            t = layers[n]["ms"]
-            return t[c] / t[layers[n]["fastest"]] if t.get(c) is not None else np.nan
+            t, fastest = layers[n]["ms"], layers[n]["fastest"]
+            return t[c] / t[fastest] if fastest and t.get(c) is not None else np.nan
 
         def x_of(j, c):
             return j + (CANDIDATES.index(c) - (len(CANDIDATES) - 1) / 2) * width
