@@ -437,8 +437,10 @@ def markdown(data: dict, command: str) -> str:
                f"flops)\n\nCost model within 10% of the fastest lowered type on "
                f"{100 * sw['model_within_10pct']:.0f}% of the points.\n\n{md_parts['sweep']}\n"
                f"### Batch partitions (Type 1, batch {batch})\n\nGFLOP/s forward / "
-               f"forward+backward (p = partitions) by lowered bytes per partition; the default "
-               f"is {_default_partition_mb():g} MB.\n\n{md_parts['partitions']}")
+               f"forward+backward (p = partitions) by lowered bytes per partition, counted at 4 "
+               f"bytes per value in every dtype as the engine counts them (a bfloat16 column's "
+               f"partitions hold half its size); the default is {_default_partition_mb():g} "
+               f"MB.\n\n{md_parts['partitions']}")
     return md
 
 
