@@ -13,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
+from keras_cct.errors import LoweringError
 from keras_cct.lowering.geometry import ConvGeometry
 from keras_cct.lowering.names import LOWERED_TYPES
 
@@ -80,6 +81,21 @@ def lowered_bytes_per_image(geo: ConvGeometry, lowering: str, dtype_bytes: int =
     if not replicates(geo, lowering):
         return 0
     return cost(geo, lowering, batch=1).lowering_elements // geo.groups * dtype_bytes
+
+
+def value_bytes(dtype) -> int:
+    """Bytes of one value of ``dtype`` (a NumPy, JAX or PyTorch dtype, a TensorFlow ``DType``
+    or a name such as ``"bfloat16"``): what :func:`partitions` counts a lowered value at."""
+    size = getattr(dtype, "itemsize", None)  # NumPy / JAX / PyTorch dtypes
+    if size is None:
+        size = getattr(dtype, "size", None)  # a TensorFlow DType
+    if isinstance(size, int) and size > 0:
+        return size
+    digits = "".join(ch for ch in str(getattr(dtype, "name", dtype)) if ch.isdigit())
+    if not digits or int(digits) % 8:
+        raise LoweringError(f"cannot tell the bytes per value of dtype {dtype!r}: lowered "
+                            "convolutions take floating-point tensors")
+    return int(digits) // 8
 
 
 def partition_bytes() -> int:

@@ -43,6 +43,7 @@ from keras import ops
 from keras_cct.lowering import _backend as B
 from keras_cct.lowering.cost import copies_nothing
 from keras_cct.lowering.cost import partitions as _partitions
+from keras_cct.lowering.cost import value_bytes
 from keras_cct.lowering.geometry import ConvGeometry
 from keras_cct.lowering.names import LOWERED_TYPES
 
@@ -242,6 +243,15 @@ def _rows_shape(axes: Sequence[_Axis], mode) -> List[int]:
     return [-1] + [a.out if m == "lower" else a.size for a, m in zip(axes, mode)]
 
 
+def default_partitions(geo: ConvGeometry, lowering: str, batch: Optional[int], dtype) -> int:
+    """Batch partitions :func:`lowered_conv2d` cuts ``batch`` images of ``dtype`` into by
+    default: :func:`keras_cct.lowering.cost.partitions`, the lowered values counted at their
+    own size (a bfloat16 partition holds twice the images of a float32 one), at most the
+    backend's ``MAX_PARTITIONS`` (JAX: each partition is unrolled in the compiled program)."""
+    parts = _partitions(geo, lowering, batch, dtype_bytes=value_bytes(dtype))
+    return min(parts, B.MAX_PARTITIONS) if B.MAX_PARTITIONS else parts
+
+
 def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
                    custom_gradient: bool = True, partitions: Optional[int] = None):
     """Convolution of channels-last ``x`` with ``kernel`` (kh, kw, d/groups, o) by ``lowering``.
@@ -251,9 +261,9 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
 
     The batch is cut into ``partitions`` contiguous partitions (CcT's batch partitioning): each
     is lowered and multiplied by the kernel in turn, so its lowered matrix is still in cache
-    when the GEMM reads it. None: :func:`keras_cct.lowering.cost.partitions` for the static
-    batch size, else ``geo.batch`` (about 4 MB of lowered data per partition; 1 when neither is
-    known, or when the lowering repeats no input value), at most the backend's
+    when the GEMM reads it. None: :func:`default_partitions` for the static batch size, else
+    ``geo.batch`` (about 4 MB of lowered data per partition, counted in ``x``'s dtype; 1 when
+    neither is known, or when the lowering repeats no input value), at most the backend's
     ``MAX_PARTITIONS`` (JAX: 4, :mod:`keras_cct.lowering._backend.jax`).
     """
     mode = MODES[lowering]
@@ -274,9 +284,7 @@ def lowered_conv2d(x, kernel, geo: ConvGeometry, lowering: str, *,
     # stride 1): no gather, and col2im is a reshape
     reshaped = copies_nothing(geo, lowering)
     if partitions is None:  # a shard of a split batch has no static size: plan for the whole
-        partitions = _partitions(geo, lowering, x.shape[0] or geo.batch)
-        if B.MAX_PARTITIONS:  # JAX: each partition is unrolled in the compiled program
-            partitions = min(partitions, B.MAX_PARTITIONS)
+        partitions = default_partitions(geo, lowering, x.shape[0] or geo.batch, x.dtype)
     parts = max(int(partitions), 1)
 
     def group_slice(t, g, width):

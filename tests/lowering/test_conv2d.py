@@ -224,6 +224,31 @@ def test_jax_cuts_at_most_max_partitions(monkeypatch):
     assert ref.rel_err(y, ref.conv2d(x, k, padding=1)) < 1e-12
 
 
+def test_a_partition_counts_values_at_their_own_size(monkeypatch):
+    """The engine's batch partitions hold a byte target of lowered data in the tensor's own
+    dtype: a bfloat16 partition holds twice the images of a float32 one (they were counted at
+    4 bytes per value in every dtype). Target: two float32 images' lowered matrices."""
+    from keras_cct.lowering.cost import lowered_bytes_per_image, value_bytes
+    from keras_cct.lowering.engine import default_partitions
+    geo = conv_geometry((8, 9, 9, 4), (3, 3, 4, 5), padding=1)
+    per_image = 9 * 9 * 3 * 3 * 4 * 4  # rows x (kh kw d) x 4 bytes, counted by hand
+    assert lowered_bytes_per_image(geo, "type1") == per_image
+    monkeypatch.setenv("KERAS_CCT_PARTITION_BYTES", str(2 * per_image))
+    assert default_partitions(geo, "type1", 8, "float32") == 4
+    assert default_partitions(geo, "type1", 8, "bfloat16") == 2
+    most = 4 if keras.backend.backend() == "jax" else 8  # JAX: at most MAX_PARTITIONS
+    assert default_partitions(geo, "type1", 8, "float64") == most
+    assert value_bytes(keras.ops.zeros((1,), "bfloat16").dtype) == 2
+    if keras.backend.backend() == "jax":  # what runs: one GEMM per partition
+        import jax
+        import jax.numpy as jnp
+        x = jnp.ones((8, 9, 9, 4), jnp.bfloat16)
+        k = jnp.ones((3, 3, 4, 5), jnp.bfloat16)
+        jaxpr = str(jax.make_jaxpr(
+            lambda a, b: lowered_conv2d(a, b, geo, "type1", custom_gradient=False))(x, k))
+        assert jaxpr.count("dot_general") == 2
+
+
 @pytest.mark.parametrize("case, form", [("k1x3", "rows"), ("k1x3_s2", "rows"),
                                         ("k3x1_same", "columns"),
                                         ("k5x1_dil2_groups2", "columns"),
