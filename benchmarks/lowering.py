@@ -11,8 +11,12 @@
 2. CcT's Type 1 vs Type 3 figure: a sweep of input/output channel ratio d/o from 1/32 to 32 at
    constant flops, with the cost model's pick (``choose(mode="model")``) against the fastest.
 3. CcT's batch partitioning: Type 1 forward and forward+backward GFLOP/s on conv2-conv5 for a
-   range of lowered bytes per partition (0 = the whole batch in one matrix), which is how
-   :data:`keras_cct.lowering.cost.PARTITION_BYTES` was chosen.
+   range of lowered bytes per partition, counted in the run's dtype (0 = the whole batch in
+   one matrix), which is how :data:`keras_cct.lowering.cost.PARTITION_BYTES` was chosen, and
+   the engine's own choice beside them.
+
+A layer's *fastest lowering* (and RQ3's oracle) is the fastest one the planner may pick in the
+dtype (:func:`pickable`): F(4x4) is timed in bfloat16 but not picked there, for its error.
 
 Every forward+backward step fetches the loss with both gradients (the forward is part of the
 time). bfloat16 casts the inputs and kernel (as ``mixed_bfloat16`` computes a layer).
@@ -216,15 +220,26 @@ def flag(part: dict, ceiling: float, dtype: str) -> dict:
                     res["measuring_errors"].append(
                         f"{name} {label} {mode}: {rate:.0f} GFLOP/s > the {dtype} GEMM "
                         f"ceiling {ceiling:.0f}")
-        res.update(_ratios(res, ceiling))
+        res.update(_ratios(res, ceiling, dtype))
     return part
 
 
-def _ratios(res: dict, ceiling: float) -> dict:
-    """A layer's headline ratios (forward+backward), leaving out any measuring error."""
+def pickable(labels, dtype: str) -> List[str]:
+    """The lowerings of ``labels`` the planner may pick in ``dtype``: not the ones it leaves
+    out for their error there (:data:`keras_cct.lowering.planner.IMPRECISE`: F(4x4) in
+    bfloat16), which a user gets only by naming them. The fastest lowering of a layer, and
+    RQ3's oracle, are the fastest of these."""
+    from keras_cct.lowering.planner import IMPRECISE
+    return [c for c in labels if c not in IMPRECISE.get(dtype, ())]
+
+
+def _ratios(res: dict, ceiling: float, dtype: str = "float32") -> dict:
+    """A layer's headline ratios (forward+backward), leaving out any measuring error and the
+    lowerings not picked in ``dtype`` (:func:`pickable`)."""
     bad = set(res["above_ceiling"])
     fb = {k: v for k, v in res["fwd_bwd_ms"].items() if k not in bad}
-    lowerings = {k: v for k, v in fb.items() if k not in ("keras_conv2d", "type1_autodiff")}
+    lowerings = {k: fb[k] for k in pickable(fb, dtype)
+                 if k not in ("keras_conv2d", "type1_autodiff")}
     auto = fb.get(res["picks"]["auto"])
     out = {"fastest": min(lowerings, key=lowerings.get) if lowerings else None}
     out["default_vs_keras"] = fb["keras_conv2d"] / auto if auto and "keras_conv2d" in fb \
@@ -294,36 +309,46 @@ PARTITION_TARGETS_MB = (0, 1, 2, 4, 8, 16, 32)
 
 def partition_part(batch, repeats, targets, progress, dtype: str = "float32",
                    ceiling: Optional[Ceiling] = None) -> dict:
+    """Type 1 on conv2-conv5 at each target of lowered bytes per partition (counted in
+    ``dtype``, as the engine counts them; 0: the whole batch), and ``"default"``: what the
+    engine runs unasked (:func:`keras_cct.lowering.engine.default_partitions`, JAX's cap on
+    the count included)."""
     from keras_cct.lowering import conv_geometry
-    from keras_cct.lowering.cost import partitions
-    from keras_cct.lowering.engine import lowered_conv2d
+    from keras_cct.lowering.cost import partitions, value_bytes
+    from keras_cct.lowering.engine import default_partitions, lowered_conv2d
     results = {}
     for name in ("conv2", "conv3", "conv4", "conv5"):
         hw, c, o, k, s, p, g = CAFFENET[name]
         geo = conv_geometry((batch, hw, hw, c), (k, k, c // g, o), strides=s, padding=p,
                             groups=g)
         parts = {str(mb): 1 if mb == 0 else partitions(geo, "type1", batch,
+                                                        dtype_bytes=value_bytes(dtype),
                                                         target_bytes=int(mb * (1 << 20)))
                  for mb in targets}
         hows = {key: (lambda x, kk, geo_, n=n: lowered_conv2d(x, kk, geo_, "type1",
                                                                partitions=n))
                 for key, n in parts.items()}
+        parts["default"] = default_partitions(geo, "type1", batch, dtype)
+        hows["default"] = lambda x, kk, geo_: lowered_conv2d(x, kk, geo_, "type1")
         fwd = time_interleaved(geo, hows, batch, False, repeats, dtype, ceiling)
         fb = time_interleaved(geo, hows, batch, True, repeats, dtype, ceiling)
         gf = geo.flops(batch) / 1e9
         res = {key: {"partitions": parts[key], "fwd_gflops": gf / fwd[key],
                      "fwd_bwd_gflops": 3 * gf / fb[key]} for key in parts}
-        progress.update(len(targets))
+        progress.update(len(hows))
         results[name] = res
     return {"targets_mb": list(targets), "layers": results}
 
 
 def partition_markdown(part: dict, ceiling: float) -> str:
-    targets = part["targets_mb"]
-    rows = [[name] + [_partition_cell(res[str(mb)], ceiling) for mb in targets]
+    """One row per layer: the engine's default (where the run timed it), then each target."""
+    keys = [str(mb) for mb in part["targets_mb"]]
+    if all("default" in res for res in part["layers"].values()):
+        keys.insert(0, "default")
+    rows = [[name] + [_partition_cell(res[key], ceiling) for key in keys]
             for name, res in part["layers"].items()]
-    header = ["layer"] + ["whole batch" if mb == 0 else f"{mb} MB" for mb in targets]
-    return markdown_table(header, rows)
+    names = {"default": "default (as shipped)", "0": "whole batch"}
+    return markdown_table(["layer"] + [names.get(k, f"{k} MB") for k in keys], rows)
 
 
 def _partition_cell(r: dict, ceiling: Optional[float]) -> str:
@@ -374,6 +399,16 @@ def plot(data, path: Path) -> None:
         a2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _partition_count_note(run: dict) -> str:
+    """How the partition table counts bytes: in the run's dtype, and the engine's own choice
+    beside the targets; runs before the engine counted 16-bit values at 2 bytes had neither."""
+    if all("default" in res for res in run["partitions"]["layers"].values()):
+        return ("counted in the run's dtype as the engine counts them, and the engine's own "
+                "choice (default, as shipped: on JAX at most 4 partitions)")
+    return ("counted at 4 bytes per value in every dtype, as the engine then counted them (a "
+            "bfloat16 column's partitions hold half its size)")
 
 
 def _default_partition_mb() -> float:
@@ -437,10 +472,9 @@ def markdown(data: dict, command: str) -> str:
                f"flops)\n\nCost model within 10% of the fastest lowered type on "
                f"{100 * sw['model_within_10pct']:.0f}% of the points.\n\n{md_parts['sweep']}\n"
                f"### Batch partitions (Type 1, batch {batch})\n\nGFLOP/s forward / "
-               f"forward+backward (p = partitions) by lowered bytes per partition, counted at 4 "
-               f"bytes per value in every dtype as the engine counts them (a bfloat16 column's "
-               f"partitions hold half its size); the default is {_default_partition_mb():g} "
-               f"MB.\n\n{md_parts['partitions']}")
+               f"forward+backward (p = partitions) by lowered bytes per partition, "
+               f"{_partition_count_note(run)}; the default target is "
+               f"{_default_partition_mb():g} MB.\n\n{md_parts['partitions']}")
     return md
 
 
@@ -459,7 +493,7 @@ def main(argv=None) -> dict:
     sweep_size = (8, 14) if args.quick else (16, 28)
     targets = (0, 2, 8) if args.quick else PARTITION_TARGETS_MB
     per_dtype = sum(2 * len(_hows(geometry(n, batch), batch)) for n in CAFFENET) + \
-        len(points) * len(LOWERED) + 4 * len(targets)
+        len(points) * len(LOWERED) + 4 * (len(targets) + 1)
     with tqdm(total=per_dtype * len(args.dtypes), desc="lowering benchmark",
               unit="run") as progress:
         runs = {d: run_dtype(d, batch, repeats, points, sweep_size, targets, progress)

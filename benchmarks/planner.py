@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,8 +34,8 @@ import numpy as np
 
 from benchmarks.common import DEFAULT_OUT, markdown_table, write_results
 from benchmarks.lowering import (CAFFENET, COLUMNS, DTYPES, LOWERED, MODES, _dtypes, _picks,
-                                 geometry, lowerings_of, report_head, run_machine, time_conv,
-                                 time_interleaved)
+                                 geometry, lowerings_of, pickable, report_head, run_machine,
+                                 time_conv, time_interleaved)
 
 #: Every lowering a CaffeNet layer may get, in the tables' order.
 CANDIDATES = tuple(c for c in COLUMNS if c != "keras_conv2d")
@@ -54,29 +53,23 @@ def _geometry(name: str, batch: int, layers=CAFFENET):
     return geometry(name, batch, layers)
 
 
-def available_bytes() -> int:
-    """Physical memory currently free (bytes); 8 GiB when the OS does not say."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
-
-
-def feasible(geo, batch: int, budget: Optional[int] = None) -> Dict[str, Optional[str]]:
-    """Per lowering of ``geo``: ``None`` if it fits in memory, else why it is skipped.
-
-    A lowered type whose forward temporaries (cost model's ``temp_bytes``), times 3 for the
-    backward pass, exceed half the free memory is not run: Type 3 on CaffeNet's conv1 needs
-    about 77 GB at batch 32 and would get the process killed rather than raise.
-    """
+def feasible(geo, batch: int) -> Dict[str, Optional[str]]:
+    """Per lowering of ``geo``: ``None`` if it runs, else why it is skipped: the project's own
+    memory guard (:func:`keras_cct.lowering.planner.fits_in_memory`, the one the planner and
+    benchmarks.lowering apply), so a lowering is skipped here exactly where keras_cct would
+    not try it. Type 3 on CaffeNet's conv1 needs tens of GB at batch 32 and would get the
+    process killed rather than raise."""
     from keras_cct.lowering import cost
-    budget = budget or available_bytes() // 2
+    from keras_cct.lowering.planner import fits_in_memory, memory_budget_bytes
     out: Dict[str, Optional[str]] = {}
     for c in lowerings_of(geo):
-        need = 3 * cost(geo, c, batch=batch).temp_bytes if c in LOWERED else 0
-        out[c] = None if need <= budget else (
-            f"skipped: needs about {need / 1e9:.1f} GB of temporaries "
-            f"({budget / 1e9:.1f} GB budget)")
+        if fits_in_memory(geo, c, batch):
+            out[c] = None
+            continue
+        need = 2 * cost(geo, c, batch=batch).temp_bytes
+        out[c] = (f"skipped: needs about {need / 1e9:.1f} GB of temporaries "
+                  f"({memory_budget_bytes() / 1e9:.1f} GB budget, keras_cct's "
+                  "memory guard: $KERAS_CCT_MEMORY_BUDGET)")
     return out
 
 
@@ -163,7 +156,7 @@ def per_layer(batch: int, times: Dict[str, Dict[str, Optional[float]]], layers=C
     for name in layers:
         geo = _geometry(name, batch, layers)
         t = times[name]
-        ok = [c for c in t if t[c] is not None]
+        ok = pickable([c for c in t if t[c] is not None], dtype)
         res = {"ms": t, "fastest": min(ok, key=t.get) if ok else None}
         try:
             picks = _picks(geo, batch, dtype, [c for c, why in feasible(geo, batch).items()
@@ -173,7 +166,7 @@ def per_layer(batch: int, times: Dict[str, Dict[str, Optional[float]]], layers=C
             errors.append(f"{name} picks: {type(exc).__name__}: {_first_line(exc)}")
         for mode in MODES:
             res[f"{mode}_choice"] = picks[mode]
-            res[f"{mode}_regret"] = _regret(t, picks[mode], t)
+            res[f"{mode}_regret"] = _regret(t, picks[mode], ok)
         # the cost model only ranks the three lowered types: its regret among them too
         res["model_regret_lowered"] = _regret(t, res["model_choice"], LOWERED)
         out[name] = res
