@@ -4,10 +4,10 @@
    the layer can use (Type 1/2/3, ``"native"``, Winograd F(2x2) and F(4x4), space-to-depth),
    ``keras.layers.Conv2D(groups=g)``'s own op (the peer a Keras user runs) and Type 1 with
    autodiff's gradient, interleaved; the picks of the three planner modes (``"auto"``, what
-   HybridConv2D does by default, ``"measure"`` and the cost model ``"model"``); the backend's
-   square-GEMM ceiling in the same dtype. A direct-flop rate above the ceiling (a Winograd
-   lowering's: the rate of the products it runs) is a measuring error, listed and left out of
-   the ratios.
+   HybridConv2D does by default, ``"measure"`` and the cost model ``"model"``); the machine's
+   square-GEMM ceiling in the same dtype (the backend's library and PyTorch's,
+   :class:`Ceiling`). A direct-flop rate above the ceiling (a Winograd lowering's: the rate of
+   the products it runs) is a measuring error, listed and left out of the ratios.
 2. CcT's Type 1 vs Type 3 figure: a sweep of input/output channel ratio d/o from 1/32 to 32 at
    constant flops, with the cost model's pick (``choose(mode="model")``) against the fastest.
 3. CcT's batch partitioning: Type 1 forward and forward+backward GFLOP/s on conv2-conv5 for a
@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -132,25 +132,30 @@ def time_interleaved(geo, hows: dict, batch, training, repeats, dtype: str = "fl
 
 
 class Ceiling:
-    """The GEMM ceiling of a run: the best rate of the backend's square products (512, 1024
-    and 2048) in ``dtype``, probed at the start and in every round of the timings, so that it
-    gets as many tries under the same load as the candidates (a 2048 product alone, measured
-    once, ran at 40% of its rate on this 2-core VM's shared cache)."""
+    """The machine's GEMM ceiling in a run: the best rate of the square products (512, 1024
+    and 2048) in ``dtype`` of the backend's library and of PyTorch (the peer every run has:
+    on an Intel Xeon with AMX its bfloat16 product ran at 1,659 GFLOP/s against TensorFlow's
+    1,217, and TensorFlow's oneDNN convolutions at up to 1,572, above TensorFlow's own
+    product), probed at the start and in
+    every round of the timings, so that it gets as many tries under the same load as the
+    candidates (a 2048 product alone, measured once, ran at 40% of its rate on this 2-core VM's
+    shared cache). ``gflops`` is keyed ``"<library> <n>"``."""
 
     SIZES = (512, 1024, 2048)
 
-    def __init__(self, dtype: str, library: Optional[str] = None):
+    def __init__(self, dtype: str, libraries: Optional[Sequence[str]] = None):
         import keras
         from benchmarks.convs import gemm_probe
         self.dtype = dtype
-        lib = library or keras.backend.backend()
-        self._probes = {n: gemm_probe(f"{lib} {dtype} {n}") for n in self.SIZES}
-        self.gflops = dict.fromkeys(self.SIZES, 0.0)
+        libs = libraries or dict.fromkeys((keras.backend.backend(), "torch"))
+        self._probes = {f"{lib} {n}": gemm_probe(f"{lib} {dtype} {n}")
+                        for lib in libs for n in self.SIZES}
+        self.gflops = dict.fromkeys(self._probes, 0.0)
 
     def probe(self, times: int = 1) -> None:
         for _ in range(times):
-            for n, probe in self._probes.items():
-                self.gflops[n] = max(self.gflops[n], probe())
+            for key, probe in self._probes.items():
+                self.gflops[key] = max(self.gflops[key], probe())
 
     @property
     def value(self) -> float:
@@ -434,7 +439,7 @@ def run_dtype(dtype: str, batch: int, repeats: int, points, sweep_size, targets,
     sweep, sweep_md = sweep_part(*sweep_size, repeats, points, progress, dtype)
     parts = partition_part(batch, repeats, targets, progress, dtype, ceiling)
     ceiling.probe(3)
-    return {"ceiling_gflops": ceiling.value, "ceiling_by_size": ceiling.gflops,
+    return {"ceiling_gflops": ceiling.value, "ceiling_by_product": ceiling.gflops,
             "caffenet": flag(caffenet, ceiling.value, dtype),
             "sweep": {"batch": sweep_size[0], "hw": sweep_size[1], **sweep},
             "partitions": parts,
@@ -456,6 +461,22 @@ def report_head(title: str, machine: dict, command: str) -> str:
             f"Command: `{command}`.")
 
 
+def _ceiling_line(run: dict) -> str:
+    """What a run's ceiling is: the best product of each library it probed (runs before the
+    ceiling took PyTorch's product too probed the backend's alone)."""
+    by_lib: Dict[str, float] = {}
+    for key, rate in run.get("ceiling_by_product", {}).items():
+        lib = key.split()[0]
+        by_lib[lib] = max(by_lib.get(lib, 0.0), rate)
+    if not by_lib:
+        return (f"GEMM ceiling (the backend's square products of 512, 1024 and 2048, probed "
+                f"in every round): {run['ceiling_gflops']:.0f} GFLOP/s.")
+    libs = ", ".join(f"{lib} {rate:.0f}" for lib, rate in by_lib.items())
+    return (f"GEMM ceiling (the best square product of 512, 1024 and 2048 of the backend's "
+            f"library and PyTorch's, probed in every round): {run['ceiling_gflops']:.0f} "
+            f"GFLOP/s ({libs}).")
+
+
 def markdown(data: dict, command: str) -> str:
     batch = data["batch"]
     md = (report_head("Lowering benchmark (CcT RQ2)", data["machine"], command) +
@@ -464,9 +485,8 @@ def markdown(data: dict, command: str) -> str:
           "(HybridConv2D's default, from its cache where the shape was planned before).\n")
     for dtype, run in data["runs"].items():
         sw, md_parts = run["sweep"], run["markdown"]
-        md += (f"\n## {dtype}\n\nGEMM ceiling (the backend's square products of 512, "
-               f"1024 and 2048, probed in every round): {run['ceiling_gflops']:.0f} "
-               f"GFLOP/s.\n\n### CaffeNet convolutions, batch {batch}\n" +
+        md += (f"\n## {dtype}\n\n{_ceiling_line(run)}\n\n### CaffeNet convolutions, batch "
+               f"{batch}\n" +
                caffenet_markdown(run["caffenet"], batch, dtype) +
                f"\n### d/o sweep (batch {sw['batch']}, {sw['hw']}x{sw['hw']}, 3x3, constant "
                f"flops)\n\nCost model within 10% of the fastest lowered type on "

@@ -181,7 +181,9 @@ def test_lowering_ceiling_is_the_best_probe():
     ceiling.probe()
     first = dict(ceiling.gflops)
     ceiling.probe(2)
-    assert all(ceiling.gflops[n] >= first[n] > 0 for n in lowering.Ceiling.SIZES)
+    assert set(first) == {f"{lib} {n}" for lib in (keras.backend.backend(), "torch")
+                          for n in lowering.Ceiling.SIZES}
+    assert all(ceiling.gflops[key] >= first[key] > 0 for key in first)
     assert ceiling.value == max(ceiling.gflops.values())
 
 
