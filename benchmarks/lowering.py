@@ -136,10 +136,10 @@ class Ceiling:
     and 2048) in ``dtype`` of the backend's library and of PyTorch (the peer every run has:
     on an Intel Xeon with AMX its bfloat16 product ran at 1,659 GFLOP/s against TensorFlow's
     1,217, and TensorFlow's oneDNN convolutions at up to 1,572, above TensorFlow's own
-    product), probed at the start and in
-    every round of the timings, so that it gets as many tries under the same load as the
-    candidates (a 2048 product alone, measured once, ran at 40% of its rate on this 2-core VM's
-    shared cache). ``gflops`` is keyed ``"<library> <n>"``."""
+    product), probed at the start and in every round of the timings, so that it gets as many
+    tries under the same load as the candidates (a 2048 product alone, measured once, ran at
+    40% of its rate on this 2-core VM's shared cache). ``gflops`` is keyed
+    ``"<library> <n>"``."""
 
     SIZES = (512, 1024, 2048)
 
