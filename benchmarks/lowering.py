@@ -346,10 +346,8 @@ def partition_part(batch, repeats, targets, progress, dtype: str = "float32",
 
 
 def partition_markdown(part: dict, ceiling: float) -> str:
-    """One row per layer: the engine's default (where the run timed it), then each target."""
-    keys = [str(mb) for mb in part["targets_mb"]]
-    if all("default" in res for res in part["layers"].values()):
-        keys.insert(0, "default")
+    """One row per layer: the engine's default, then each target."""
+    keys = ["default"] + [str(mb) for mb in part["targets_mb"]]
     rows = [[name] + [_partition_cell(res[key], ceiling) for key in keys]
             for name, res in part["layers"].items()]
     names = {"default": "default (as shipped)", "0": "whole batch"}
@@ -406,16 +404,6 @@ def plot(data, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _partition_count_note(run: dict) -> str:
-    """How the partition table counts bytes: in the run's dtype, and the engine's own choice
-    beside the targets; runs before the engine counted 16-bit values at 2 bytes had neither."""
-    if all("default" in res for res in run["partitions"]["layers"].values()):
-        return ("counted in the run's dtype as the engine counts them, and the engine's own "
-                "choice (default, as shipped: on JAX at most 4 partitions)")
-    return ("counted at 4 bytes per value in every dtype, as the engine then counted them (a "
-            "bfloat16 column's partitions hold half its size)")
-
-
 def _default_partition_mb() -> float:
     from keras_cct.lowering.cost import PARTITION_BYTES
     return PARTITION_BYTES / (1 << 20)
@@ -462,15 +450,11 @@ def report_head(title: str, machine: dict, command: str) -> str:
 
 
 def _ceiling_line(run: dict) -> str:
-    """What a run's ceiling is: the best product of each library it probed (runs before the
-    ceiling took PyTorch's product too probed the backend's alone)."""
+    """What a run's ceiling is: the best product of each library it probed."""
     by_lib: Dict[str, float] = {}
-    for key, rate in run.get("ceiling_by_product", {}).items():
+    for key, rate in run["ceiling_by_product"].items():
         lib = key.split()[0]
         by_lib[lib] = max(by_lib.get(lib, 0.0), rate)
-    if not by_lib:
-        return (f"GEMM ceiling (the backend's square products of 512, 1024 and 2048, probed "
-                f"in every round): {run['ceiling_gflops']:.0f} GFLOP/s.")
     libs = ", ".join(f"{lib} {rate:.0f}" for lib, rate in by_lib.items())
     return (f"GEMM ceiling (the best square product of 512, 1024 and 2048 of the backend's "
             f"library and PyTorch's, probed in every round): {run['ceiling_gflops']:.0f} "
@@ -492,8 +476,9 @@ def markdown(data: dict, command: str) -> str:
                f"flops)\n\nCost model within 10% of the fastest lowered type on "
                f"{100 * sw['model_within_10pct']:.0f}% of the points.\n\n{md_parts['sweep']}\n"
                f"### Batch partitions (Type 1, batch {batch})\n\nGFLOP/s forward / "
-               f"forward+backward (p = partitions) by lowered bytes per partition, "
-               f"{_partition_count_note(run)}; the default target is "
+               f"forward+backward (p = partitions) by lowered bytes per partition, counted "
+               f"in the run's dtype as the engine counts them, and the engine's own choice "
+               f"(default, as shipped: on JAX at most 4 partitions); the default target is "
                f"{_default_partition_mb():g} MB.\n\n{md_parts['partitions']}")
     return md
 

@@ -59,14 +59,14 @@ def feasible(geo, batch: int) -> Dict[str, Optional[str]]:
     benchmarks.lowering apply), so a lowering is skipped here exactly where keras_cct would
     not try it. Type 3 on CaffeNet's conv1 needs tens of GB at batch 32 and would get the
     process killed rather than raise."""
-    from keras_cct.lowering import cost
-    from keras_cct.lowering.planner import fits_in_memory, memory_budget_bytes
+    from keras_cct.lowering.planner import (fits_in_memory, memory_budget_bytes,
+                                            memory_needed_bytes)
     out: Dict[str, Optional[str]] = {}
     for c in lowerings_of(geo):
         if fits_in_memory(geo, c, batch):
             out[c] = None
             continue
-        need = 2 * cost(geo, c, batch=batch).temp_bytes
+        need = memory_needed_bytes(geo, c, batch)
         out[c] = (f"skipped: needs about {need / 1e9:.1f} GB of temporaries "
                   f"({memory_budget_bytes() / 1e9:.1f} GB budget, keras_cct's "
                   "memory guard: $KERAS_CCT_MEMORY_BUDGET)")

@@ -245,7 +245,7 @@ def test_planner_memory_guard(monkeypatch):
     geo = planner._geometry("conv1", 32)
     skip = planner.feasible(geo, 32)
     need = 2 * cost(geo, "type3", batch=32).temp_bytes
-    assert need > 16 << 30  # the independent count: about 77 GB of lowered input, doubled
+    assert need > 16 << 30  # the cost model's count: about 77 GB of temporaries, doubled
     assert skip["type3"] and f"{need / 1e9:.1f} GB" in skip["type3"]
     assert skip["type1"] is None and skip["native"] is None and skip["space_to_depth"] is None
 

@@ -389,13 +389,19 @@ def memory_budget_bytes() -> int:
     return total // 4 if total else 4 << 30
 
 
-def fits_in_memory(geo: ConvGeometry, lowering: str, batch: int, dtype_bytes: int = 4) -> bool:
-    """Whether ``lowering``'s temporaries for a forward+backward pass (about twice the forward
-    peak: the lowered matrix is kept for the kernel gradient) fit :func:`memory_budget_bytes`."""
+def memory_needed_bytes(geo: ConvGeometry, lowering: str, batch: int,
+                        dtype_bytes: int = 4) -> int:
+    """Bytes of ``lowering``'s temporaries for a forward+backward pass: about twice the forward
+    peak (the lowered matrix is kept for the kernel gradient); 0 for a lowering that is not one
+    of the three lowered types."""
     if lowering not in LOWERED_TYPES:
-        return True
-    need = 2 * cost(geo, lowering, batch=batch, dtype_bytes=dtype_bytes).temp_bytes
-    return need <= memory_budget_bytes()
+        return 0
+    return 2 * cost(geo, lowering, batch=batch, dtype_bytes=dtype_bytes).temp_bytes
+
+
+def fits_in_memory(geo: ConvGeometry, lowering: str, batch: int, dtype_bytes: int = 4) -> bool:
+    """Whether :func:`memory_needed_bytes` fits :func:`memory_budget_bytes`."""
+    return memory_needed_bytes(geo, lowering, batch, dtype_bytes) <= memory_budget_bytes()
 
 
 def _measured_choice(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int,
