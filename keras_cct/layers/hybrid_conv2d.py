@@ -13,6 +13,7 @@ from keras_cct.lowering import (PLANNER_MODES, check_available, check_lowering, 
                                 conv2d_geo, conv_geometry)
 from keras_cct.lowering.geometry import (ConvGeometry, normalize_pair, normalize_padding,
                                          padding_to_config)
+from keras_cct.lowering.precision import arithmetic_dtype
 from keras_cct.ops import failures
 from keras_cct.strategy import context as strategy_context
 
@@ -101,7 +102,7 @@ class HybridConv2D(keras.layers.Layer):
             self._check_device(device)
             failures.install_keras_hook()  # the device's typed error out of fit / predict
         self.input_spec = InputSpec(ndim=4)
-        self._plans: Dict[Tuple, Tuple[ConvGeometry, str]] = {}
+        self._plans: Dict[Tuple, Tuple[ConvGeometry, str, str]] = {}
         self._batch_hint: Optional[int] = None
         self._built_shape: Optional[Tuple] = None
         self._strategy = strategy_context.current() if device is None else None
@@ -168,29 +169,32 @@ class HybridConv2D(keras.layers.Layer):
         except LoweringError as exc:
             raise ValueError(f"layer '{self.name}': {exc}") from None
 
-    def _plan(self, shape: Tuple) -> Tuple[ConvGeometry, str]:
-        """Geometry and lowering for a channels-last input shape, cached per spatial shape and
-        batch. ``"auto"`` is planned for the batch the layer runs at: a concrete batch in the
-        shape (JAX and PyTorch always have one; rankings at 8 images and at 32 differ), else
-        the static batch the layer was built with, else the planner's default. A symbolic call
-        (Keras computing output shapes) plans nothing: any lowering gives the same shape."""
+    def _plan(self, shape: Tuple) -> Tuple[ConvGeometry, str, str]:
+        """Geometry, lowering and arithmetic dtype (:func:`~keras_cct.lowering.precision.
+        arithmetic_dtype`: float32 for 16-bit inputs on a machine that computes those slower)
+        for a channels-last input shape, cached per spatial shape and batch. ``"auto"`` is
+        planned for the batch the layer runs at: a concrete batch in the shape (JAX and PyTorch
+        always have one; rankings at 8 images and at 32 differ), else the static batch the layer
+        was built with, else the planner's default. A symbolic call (Keras computing output
+        shapes) plans nothing: any lowering gives the same shape."""
         batch = shape[0] if isinstance(shape[0], int) else None
         key = (tuple(shape[1:]), batch if batch is not None else self._batch_hint)
         plan = self._plans.get(key)
         if plan is None:
             geo = self._geometry(shape)
-            if self.lowering != "auto":
+            lowering = self.lowering
+            if lowering != "auto":
                 try:
-                    check_available(geo, self.lowering)
+                    check_available(geo, lowering)
                 except LoweringError as exc:
                     raise ValueError(f"layer '{self.name}': {exc}") from None
-                lowering = self.lowering
-            elif _symbolic():  # a stand-in batch (Keras traces shapes with made-up sizes)
-                return geo, "native"
-            else:
-                lowering = choose_for(geo, mode=self.planner, dtype=self.compute_dtype,
-                                      batch=key[1], bias=self.use_bias)
-            plan = self._plans[key] = (geo, lowering)
+            if _symbolic():  # a stand-in batch (Keras traces shapes with made-up sizes)
+                return geo, "native" if lowering == "auto" else lowering, None
+            arith = arithmetic_dtype(self.compute_dtype)
+            if lowering == "auto":
+                lowering = choose_for(geo, mode=self.planner, dtype=arith, batch=key[1],
+                                      bias=self.use_bias)
+            plan = self._plans[key] = (geo, lowering, arith)
         return plan
 
     @property
@@ -209,7 +213,7 @@ class HybridConv2D(keras.layers.Layer):
         x = inputs
         if self.data_format == "channels_first":
             x = ops.transpose(x, (0, 2, 3, 1))
-        geo, lowering = self._plan(tuple(x.shape))
+        geo, lowering, arith = self._plan(tuple(x.shape))
         if self.device is not None:
             from keras_cct.ops import conv2d_on
             y = conv2d_on(self.device, x, self.kernel, self.bias, strides=self.strides,
@@ -219,7 +223,7 @@ class HybridConv2D(keras.layers.Layer):
                                           bias=self.bias if self.use_bias else None)
         else:
             y = conv2d_geo(x, self.kernel, geo, lowering,
-                           bias=self.bias if self.use_bias else None)
+                           bias=self.bias if self.use_bias else None, compute_dtype=arith)
         if self.data_format == "channels_first":
             y = ops.transpose(y, (0, 3, 1, 2))
         if self.activation is not None:

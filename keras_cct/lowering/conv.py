@@ -4,9 +4,12 @@ them (the planner chooses)."""
 from __future__ import annotations
 
 
+from keras import backend
+
 from keras_cct.lowering.dispatch import check_lowering, conv2d_geo
 from keras_cct.lowering.geometry import PaddingArg, conv_geometry
 from keras_cct.lowering.planner import choose_for
+from keras_cct.lowering.precision import arithmetic_dtype
 
 
 def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", dilation_rate=1,
@@ -29,11 +32,14 @@ def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", di
         planner: the ``mode`` :func:`~keras_cct.lowering.choose` uses for ``"auto"``.
 
     Returns:
-        ``(batch, out_h, out_w, filters)``.
+        ``(batch, out_h, out_w, filters)``, in the inputs' dtype; 16-bit inputs are computed in
+        float32 where this machine computes them slower
+        (:func:`~keras_cct.lowering.precision.arithmetic_dtype`).
     """
     check_lowering(lowering)
     geo = conv_geometry(tuple(x.shape), tuple(kernel.shape), strides=strides, padding=padding,
                         dilation_rate=dilation_rate, groups=groups)
+    arith = arithmetic_dtype(backend.result_type(x.dtype, kernel.dtype))
     if lowering == "auto":
-        lowering = choose_for(geo, mode=planner, bias=bias is not None)
-    return conv2d_geo(x, kernel, geo, lowering, bias=bias)
+        lowering = choose_for(geo, mode=planner, dtype=arith, bias=bias is not None)
+    return conv2d_geo(x, kernel, geo, lowering, bias=bias, compute_dtype=arith)

@@ -5,7 +5,7 @@ can take. No planning here (the planner and the timing harness build on this mod
 from __future__ import annotations
 
 import functools
-from typing import Tuple
+from typing import Optional, Tuple
 
 from keras import backend, ops
 
@@ -57,11 +57,19 @@ def check_available(geo: ConvGeometry, lowering: str) -> None:
             f"{geo.groups}. Use 'auto' or one of {available(geo)}")
 
 
-def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str, bias=None):
+def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str, bias=None,
+               compute_dtype: Optional[str] = None):
     """Convolution of ``x`` by ``kernel`` (plus ``bias``, if given) for a validated geometry and
     a concrete lowering name. ``"native"`` adds the bias inside the backend's op (TensorFlow:
-    after each group's convolution, where oneDNN fuses it)."""
+    after each group's convolution, where oneDNN fuses it). With ``compute_dtype`` other than
+    the inputs' (float32 for 16-bit inputs: :func:`~keras_cct.lowering.precision.
+    arithmetic_dtype`), the inputs are cast to it and the result back to theirs."""
     x, kernel = _in_common_dtype(x, kernel)
+    dtype = backend.standardize_dtype(x.dtype)
+    if compute_dtype is not None and compute_dtype != dtype:
+        y = conv2d_geo(ops.cast(x, compute_dtype), ops.cast(kernel, compute_dtype), geo,
+                       lowering, None if bias is None else ops.cast(bias, compute_dtype))
+        return ops.cast(y, dtype)
     if lowering == "native":
         return native_conv2d(x, kernel, geo, bias)
     y = _lowered(x, kernel, geo, lowering)

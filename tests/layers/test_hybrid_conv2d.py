@@ -183,10 +183,16 @@ def test_default_planner_times_native_against_the_lowerings(tmp_path, monkeypatc
     assert layer.chosen_lowering == "native"
     assert sorted(t for t, _ in timed) == ["native", "type1"]
     timed.clear()
+    monkeypatch.setenv("KERAS_CCT_16BIT", "keep")  # computed in bfloat16
     layer = HybridConv2D(256, 3, padding=1, dtype="mixed_bfloat16")
     layer.build((None, 13, 13, 64))  # F(4x4, 3x3) is not accurate enough in bfloat16
     assert layer.chosen_lowering == "winograd"
     assert sorted(t for t, _ in timed) == ["native", "type1", "winograd"]
+    timed.clear()
+    monkeypatch.setenv("KERAS_CCT_16BIT", "float32")  # a machine slower in bfloat16: the
+    layer = HybridConv2D(256, 3, padding=1, dtype="mixed_bfloat16")  # float32 race's plan,
+    layer.build((None, 13, 13, 64))                                  # from the cache
+    assert layer.chosen_lowering == "winograd" and timed == []
     timed.clear()
     layer = HybridConv2D(512, 3, padding=1, groups=512)  # depthwise: the backend's pick,
     layer.build((None, 28, 28, 512))                     # untimed

@@ -1,0 +1,160 @@
+"""The dtype a 16-bit convolution computes in on this machine.
+
+Under ``mixed_bfloat16`` (or ``mixed_float16``) a layer's inputs and kernel are 16-bit floats.
+On a CPU with 16-bit arithmetic (AVX512-BF16, AMX-BF16) the backends' 16-bit convolutions and
+GEMMs run several times faster than their float32 ones. On a CPU without it they may run far
+slower: on an AMD EPYC with AVX2 only, TensorFlow's bfloat16 convolution ran 8 GFLOP/s against
+float32's 105, PyTorch's bfloat16 GEMM 2-5 against 130 (docs/benchmarks.md). There a 16-bit
+convolution computes faster in float32: its 16-bit inputs are cast up (exactly), the products
+are summed in float32 (as the 16-bit kernels sum them too) and the result is cast back to the
+16-bit dtype, so the layer's output, its dtype and its memory between layers are unchanged.
+
+:func:`arithmetic_dtype` says which, per backend and machine: ``$KERAS_CCT_16BIT`` set to
+``"float32"`` or ``"keep"`` decides; unset (or ``"auto"``), a one-time measurement
+(:func:`measure`: the backend's own convolution and a lowered one, forward+backward, on a small
+shape, in the 16-bit dtype and in float32, interleaved) decides, cached on disk beside the
+planner's choices. 16-bit arithmetic is kept unless it measures more than :data:`SLOWER_BY`
+slower than float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+
+from keras_cct._files import atomic_write, cache_dir
+from keras_cct._system import cpu_fingerprint, cpu_name
+from keras_cct.errors import LoweringError, PlannerCacheWarning
+from keras_cct.lowering import _backend as B
+from keras_cct.lowering.geometry import conv_geometry
+from keras_cct.lowering.timing import make_step
+
+#: The dtypes this module may compute in float32.
+SIXTEEN_BIT = ("bfloat16", "float16")
+#: ``$KERAS_CCT_16BIT``'s values: measure (the default), always float32, always the 16-bit dtype.
+MODES = ("auto", "float32", "keep")
+ENV = "KERAS_CCT_16BIT"
+#: A 16-bit dtype is computed in float32 where its measured time is more than this factor of
+#: float32's (a margin for a noisy machine: where the two are close, 16-bit values keep their
+#: halved memory traffic).
+SLOWER_BY = 1.2
+#: The measured shape: 8 images of 14x14x64 into 128 channels by a 3x3 kernel (0.7 GFLOP
+#: forward+backward: a few milliseconds in float32, well above the backends' per-call costs).
+SHAPE = ((8, 14, 14, 64), (3, 3, 64, 128))
+#: What is timed in each dtype: the backend's own convolution and a lowered one (its GEMMs).
+TIMED = ("native", "type2")
+ROUNDS = 3
+CACHE_VERSION = 1
+
+_decided: Dict[str, str] = {}
+
+
+def mode() -> str:
+    """``$KERAS_CCT_16BIT`` (default ``"auto"``), validated."""
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise LoweringError(f"${ENV}={os.environ[ENV]!r}: expected one of {MODES} (unset "
+                            "means 'auto': measured once per backend and machine)")
+    return value
+
+
+def arithmetic_dtype(dtype: str) -> str:
+    """The dtype a convolution of ``dtype`` inputs computes in here: ``dtype`` itself, or
+    ``"float32"`` for a 16-bit dtype this backend and machine compute slower than float32
+    (see the module docstring). The first call for a 16-bit dtype may measure (about a second,
+    once per backend and machine; the result is cached)."""
+    if dtype not in SIXTEEN_BIT:
+        return dtype
+    how = mode()
+    if how != "auto":
+        return "float32" if how == "float32" else dtype
+    key = _key(dtype)
+    if key not in _decided:
+        entry = _read_cache().get(key)
+        if not _valid(entry):
+            entry = measure(dtype)
+            entries = _read_cache()
+            entries[key] = entry
+            _write_cache(entries)
+        _decided[key] = entry["compute"]
+    return _decided[key]
+
+
+def measure(dtype: str) -> dict:
+    """Time :data:`TIMED` forward+backward on :data:`SHAPE` in ``dtype`` and in float32, the four
+    steps interleaved over :data:`ROUNDS` rounds (best of each); returns the seconds summed per
+    dtype and the decision (``"compute"``)."""
+    import concurrent.futures
+    # Called while a layer is traced (TF's graph is thread-local): measure on a fresh thread.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(_measure, dtype).result()
+
+
+def _measure(dtype: str) -> dict:
+    geo = conv_geometry(SHAPE[0], SHAPE[1], padding="same")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(SHAPE[0], dtype=np.float32)
+    k = rng.standard_normal(SHAPE[1], dtype=np.float32) * 0.1
+    steps = {(low, dt): make_step(geo, low, x, k, dtype=dt)
+             for dt in (dtype, "float32") for low in TIMED}
+    best = {}
+    for name, step in steps.items():
+        step()  # compile, first touch
+        best[name] = float("inf")
+    names = list(steps)
+    for rnd in range(ROUNDS):
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            t0 = time.perf_counter()
+            steps[name]()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    t16 = sum(best[(low, dtype)] for low in TIMED)
+    t32 = sum(best[(low, "float32")] for low in TIMED)
+    return {"seconds": {dtype: t16, "float32": t32},
+            "per_step": {f"{low} {dt}": t for (low, dt), t in best.items()},
+            "compute": "float32" if t16 > SLOWER_BY * t32 else dtype}
+
+
+def _valid(entry) -> bool:
+    return isinstance(entry, dict) and entry.get("compute") in SIXTEEN_BIT + ("float32",)
+
+
+def _key(dtype: str) -> str:
+    import keras
+    from keras_cct._version import __version__
+    device = B.device_name() or f"cpu:{cpu_name()}:{cpu_fingerprint()}:{os.cpu_count()}"
+    return "|".join((__version__, keras.backend.backend(), device, dtype))
+
+
+def _cache_file() -> Path:
+    return cache_dir() / "precision.json"
+
+
+def _read_cache() -> Dict[str, dict]:
+    path = _cache_file()
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or \
+                not isinstance(data.get("entries"), dict):
+            raise ValueError("unexpected layout or version")
+        return data["entries"]
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"{path}: ignoring the 16-bit arithmetic cache ({exc}); it will be "
+                      "rewritten", PlannerCacheWarning, stacklevel=3)
+        return {}
+
+
+def _write_cache(entries: Dict[str, dict]) -> None:
+    path = _cache_file()
+    try:
+        atomic_write(path, json.dumps({"version": CACHE_VERSION, "entries": entries}))
+    except OSError as exc:  # a read-only home must not break training
+        warnings.warn(f"{path}: could not save the 16-bit arithmetic cache ({exc})",
+                      PlannerCacheWarning, stacklevel=3)
