@@ -368,8 +368,10 @@ def run_config(spec: dict) -> dict:
     peak = peak_gflops(dtype) if device is None else {
         "gflops": None, "note": f"on {device}: the CPU's peak does not apply"}
     flag(layers, ceiling, peak["gflops"], dtype, spec.get("flag", "gemm"))
+    from keras_cct.lowering.precision import arithmetic_dtype
     return {"backend": backend, "dtype": dtype, "net": spec["net"], "batch": spec["batch"],
             "size": spec["size"], "device": device, "ceiling_gflops": ceiling,
+            "arithmetic": arithmetic_dtype(dtype),  # what HybridConv2D computed dtype in
             "ceilings_gflops": ceilings,
             "peak": peak, "flag_policy": spec.get("flag", "gemm"),
             "ceilings_at_start_gflops": start_ceilings, "layers": layers,

@@ -253,6 +253,10 @@ def _tables_md(data: dict, lines: List[str]) -> str:
     for run in data["runs"]:
         lines += [f"## {run['net']}, {run['backend']}, {run['dtype']} "
                   f"(batch {run['batch']}, {run['size']}x{run['size']})", ""]
+        if run.get("arithmetic", run["dtype"]) != run["dtype"]:
+            lines += [f"HybridConv2D computed these {run['dtype']} convolutions in "
+                      f"{run['arithmetic']}: this machine computes {run['dtype']} slower "
+                      "(`keras_cct.lowering.precision`).", ""]
         rows, notes = [], []
         for layer in run["layers"]:
             c = layer["candidates"]

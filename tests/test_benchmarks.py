@@ -394,14 +394,17 @@ def test_convs_rounds_follow_min_timed_and_max_rounds(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_convs_tiny_spawned_jax_bfloat16(tmp_path):
     """The same in its own process on the JAX backend under the mixed_bfloat16 policy (the
-    PyTorch peers under autocast)."""
+    PyTorch peers under autocast), HybridConv2D told to compute in float32: the run records
+    it."""
     from benchmarks.common import spawn_config
     lines = []
     run = spawn_config("benchmarks.convs", {
         "net": "tiny", "batch": 2, "size": 6, "dtype": "bfloat16", "repeats": 1,
         "shapes": _TINY_CONVS, "quick": True, "ceiling_sizes": [256]}, backend="jax",
-        on_line=lines.append, timeout=600, env={"KERAS_CCT_CACHE_DIR": str(tmp_path)})
+        on_line=lines.append, timeout=600,
+        env={"KERAS_CCT_CACHE_DIR": str(tmp_path), "KERAS_CCT_16BIT": "float32"})
     _check_convs_run(run, "jax", "bfloat16")
+    assert run["arithmetic"] == "float32"
     assert lines[0] == "SHAPES 2" and sum(x.startswith("PROGRESS") for x in lines) == 2
 
 

@@ -336,6 +336,29 @@ def test_inner_product_gradients(axis, bias, o):
         assert rel_err(got[3], dyf.sum(axis=0)) < 1e-5
 
 
+@pytest.mark.parametrize("mode", ["float32", "keep"])
+def test_inner_product_under_mixed_bfloat16(monkeypatch, mode):
+    """Under ``mixed_bfloat16`` the product is bfloat16 out, computed in float32 where this
+    machine computes 16-bit products slower (``$KERAS_CCT_16BIT`` forces either): both within
+    the output's rounding of the float64 product of the bfloat16-rounded inputs."""
+    monkeypatch.setenv("KERAS_CCT_16BIT", mode)
+    x = RNG.standard_normal((4, 16, 2, 3))
+    w, b = RNG.standard_normal((32, 96)), RNG.standard_normal(32)
+    layer = cl.CaffeInnerProduct(32, dtype="mixed_bfloat16")
+    layer.build(cl.keras_shape(x.shape))
+    layer.set_weights([w.astype("f"), b.astype("f")])
+    y = layer(cl.from_caffe_layout(x.astype("f")))
+    assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+
+    def bf16(a):
+        t = keras.ops.cast(keras.ops.cast(np.asarray(a, np.float32), "bfloat16"), "float32")
+        return keras.ops.convert_to_numpy(t).astype(np.float64)
+
+    want = bf16(x).reshape(4, -1) @ bf16(w).T + bf16(b)
+    got = keras.ops.convert_to_numpy(keras.ops.cast(y, "float32"))
+    assert rel_err(got, want) < 2.0 ** -7
+
+
 @pytest.mark.parametrize("o,g,k,s,p,d", [(6, 2, 3, 2, 1, 2), (3, 1, 2, 3, 0, 1),
                                          (4, 4, 4, 2, 1, 1)])
 def test_deconvolution_is_the_scatter_of_caffe(o, g, k, s, p, d):

@@ -11,6 +11,7 @@ from keras_cct.caffe.net.layout import caffe_shape, from_caffe_layout, keras_sha
 from keras_cct.caffe.net.layout import pair as _pair
 from keras_cct.caffe.net.layout import to_caffe_layout
 from keras_cct.lowering import _backend
+from keras_cct.lowering.precision import arithmetic_dtype
 
 _PKG = "keras_cct"
 
@@ -28,7 +29,9 @@ class CaffeInnerProduct(keras.layers.Layer):
 
     Variables: ``kernel`` of shape ``(num_output, K)``, exactly Caffe's weight blob (so that
     importing a 240 MB caffemodel needs no transposition; a ``transpose: true`` blob is
-    transposed once at import) and ``bias``.
+    transposed once at import) and ``bias``. Under a 16-bit policy the product is computed in
+    float32 where this machine computes 16-bit ones slower, as HybridConv2D does
+    (:func:`~keras_cct.lowering.precision.arithmetic_dtype`).
     """
 
     def __init__(self, num_output: int, axis: int = 1, bias_term: bool = True,
@@ -58,8 +61,10 @@ class CaffeInnerProduct(keras.layers.Layer):
 
     def build(self, input_shape):
         _, _, k = self._split(input_shape)
+        # not cast by Keras' autocast: call casts it, to the 16-bit dtype or not at all (a cast
+        # of fc6's 38M values, to bfloat16 and back, took 100 ms on an AVX2-only CPU)
         self.kernel = self.add_weight(name="kernel", shape=(self.num_output, k),
-                                      initializer=self.kernel_initializer)
+                                      initializer=self.kernel_initializer, autocast=False)
         if self.bias_term:
             self.bias = self.add_weight(name="bias", shape=(self.num_output,),
                                         initializer=self.bias_initializer)
@@ -78,7 +83,11 @@ class CaffeInnerProduct(keras.layers.Layer):
         # (O, K) kernel copies it in the forward and again for its gradient (fc6 at batch 32:
         # 1.6x the time of the flag form), and TF's einsum gradient builds an (N, O, K) tensor;
         # for a small batch TF computes (kernel @ x^T)^T (see the backend's matmul_nt).
-        y = _backend.matmul_nt(x2, _backend.as_tensor(self.kernel))
+        kernel = _backend.as_tensor(self.kernel)  # the variable's dtype (float32 under a policy)
+        arith = arithmetic_dtype(self.compute_dtype)  # float32 where 16-bit GEMMs are slower
+        y = _backend.matmul_nt(ops.cast(x2, arith), ops.cast(kernel, arith))
+        if arith != self.compute_dtype:
+            y = ops.cast(y, self.compute_dtype)
         if self.bias_term:
             y = y + self.bias
         if lead:
