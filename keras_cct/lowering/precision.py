@@ -10,7 +10,9 @@ are summed in float32 (as the 16-bit kernels sum them too) and the result is cas
 16-bit dtype, so the layer's output, its dtype and its memory between layers are unchanged.
 
 :func:`arithmetic_dtype` says which, per backend and machine: ``$KERAS_CCT_16BIT`` set to
-``"float32"`` or ``"keep"`` decides; unset (or ``"auto"``), a one-time measurement
+``"float32"`` or ``"keep"`` decides; unset (or ``"auto"``), a 16-bit dtype is kept on an
+accelerator and on a CPU that has 16-bit arithmetic (:data:`FAST_FLAGS`), and elsewhere a
+one-time measurement
 (:func:`measure`: the backend's own convolution and a lowered one, forward+backward, on a small
 shape, in the 16-bit dtype and in float32, interleaved) decides, cached on disk beside the
 planner's choices. 16-bit arithmetic is kept unless it measures more than :data:`SLOWER_BY`
@@ -29,7 +31,7 @@ from typing import Dict
 import numpy as np
 
 from keras_cct._files import atomic_write, cache_dir
-from keras_cct._system import cpu_fingerprint, cpu_name
+from keras_cct._system import cpu_fingerprint, cpu_flags, cpu_name
 from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering import _backend as B
 from keras_cct.lowering.geometry import conv_geometry
@@ -50,6 +52,11 @@ SHAPE = ((8, 14, 14, 64), (3, 3, 64, 128))
 #: What is timed in each dtype: the backend's own convolution and a lowered one (its GEMMs).
 TIMED = ("native", "type2")
 ROUNDS = 3
+#: CPU flags (``/proc/cpuinfo``) of units that compute the 16-bit dtype natively: with one of
+#: them the dtype is kept unmeasured (a small measured shape could rank a CPU's 16-bit units
+#: below their worth; on the Intel Xeon with AMX-BF16 bfloat16 GEMMs ran 4-6x float32's).
+FAST_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16", "bf16"),
+              "float16": ("avx512_fp16", "amx_fp16")}
 CACHE_VERSION = 1
 
 _decided: Dict[str, str] = {}
@@ -74,6 +81,8 @@ def arithmetic_dtype(dtype: str) -> str:
     how = mode()
     if how != "auto":
         return "float32" if how == "float32" else dtype
+    if B.device_name() or cpu_flags() & set(FAST_FLAGS[dtype]):
+        return dtype
     key = _key(dtype)
     if key not in _decided:
         entry = _read_cache().get(key)
