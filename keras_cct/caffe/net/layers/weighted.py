@@ -156,13 +156,15 @@ class CaffeDeconvolution(keras.layers.Layer):
         full_h, full_w = oh + 2 * ph, ow + 2 * pw
         g = self.groups
         cg = c // g
+        # dilation as zeros between the kernel's taps: TensorFlow's CPU transposed convolution
+        # takes no dilation without oneDNN (its default on CPUs without AVX-512)
+        kernel = _dilated(self.kernel, dh, dw)
         outs = []
         for i in range(g):
             xi = x[..., i * cg:(i + 1) * cg] if g > 1 else x
-            ki = self.kernel[..., i * cg:(i + 1) * cg] if g > 1 else self.kernel
+            ki = kernel[..., i * cg:(i + 1) * cg] if g > 1 else kernel
             yi = ops.conv_transpose(xi, ki, (sh, sw), padding="valid",
-                                    output_padding=None, data_format="channels_last",
-                                    dilation_rate=(dh, dw))
+                                    output_padding=None, data_format="channels_last")
             outs.append(yi)
         y = ops.concatenate(outs, axis=-1) if g > 1 else outs[0]
         # 'valid' conv_transpose gives (in-1)*s + ek (or more when ek < s); crop Caffe's pad
@@ -185,3 +187,17 @@ class CaffeDeconvolution(keras.layers.Layer):
         return cfg
 
 
+def _dilated(kernel, dh: int, dw: int):
+    """``kernel`` ``(kh, kw, a, b)`` with ``dh - 1`` / ``dw - 1`` zero rows / columns between its
+    taps: ``((kh - 1) * dh + 1, (kw - 1) * dw + 1, a, b)``, the same convolution undilated."""
+    kh, kw, a, b = kernel.shape
+    if dh > 1:
+        zeros = ops.zeros((kh, dh - 1, kw, a, b), kernel.dtype)
+        kernel = ops.concatenate([ops.expand_dims(kernel, 1), zeros], axis=1)
+        kernel = ops.reshape(kernel, (kh * dh, kw, a, b))[:(kh - 1) * dh + 1]
+        kh = (kh - 1) * dh + 1
+    if dw > 1:
+        zeros = ops.zeros((kh, kw, dw - 1, a, b), kernel.dtype)
+        kernel = ops.concatenate([ops.expand_dims(kernel, 2), zeros], axis=2)
+        kernel = ops.reshape(kernel, (kh, kw * dw, a, b))[:, :(kw - 1) * dw + 1]
+    return kernel
