@@ -6,10 +6,12 @@ any, is left as it was."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Dict, Iterator, Type, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -53,3 +55,34 @@ def cache_dir() -> Path:
     ``$KERAS_CCT_CACHE_DIR`` or ``~/.cache/keras_cct``."""
     env = os.environ.get("KERAS_CCT_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "keras_cct"
+
+
+def read_cache_entries(path: Path, version: int, what: str,
+                       warning: Type[Warning]) -> Dict[str, dict]:
+    """The ``entries`` mapping of a JSON cache file ``{"version": ..., "entries": {...}}``
+    (empty where the file is missing); a file of another version or layout, or unreadable, is
+    ignored with a ``warning`` naming it and ``what`` it holds (it is rewritten later)."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("version") != version:
+            raise ValueError("unexpected layout or version")
+        entries = data.get("entries", {})
+        if not isinstance(entries, dict):
+            raise ValueError("entries is not a mapping")
+        return entries
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"{path}: ignoring {what} ({exc}); it will be rewritten", warning,
+                      stacklevel=4)
+        return {}
+
+
+def write_cache_entries(path: Path, version: int, entries: Dict[str, dict], what: str,
+                        warning: Type[Warning]) -> None:
+    """Write a JSON cache file (:func:`read_cache_entries`' layout) atomically; a folder that
+    cannot be written (a read-only home) costs a ``warning``, never an error."""
+    try:
+        atomic_write(path, json.dumps({"version": version, "entries": entries}))
+    except OSError as exc:
+        warnings.warn(f"{path}: could not save {what} ({exc})", warning, stacklevel=4)

@@ -21,16 +21,14 @@ slower than float32.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Dict
 
 import numpy as np
 
-from keras_cct._files import atomic_write, cache_dir
+from keras_cct._files import cache_dir, read_cache_entries, write_cache_entries
 from keras_cct._system import cpu_fingerprint, cpu_flags, cpu_name
 from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering import _backend as B
@@ -145,25 +143,10 @@ def _cache_file() -> Path:
 
 
 def _read_cache() -> Dict[str, dict]:
-    path = _cache_file()
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or \
-                not isinstance(data.get("entries"), dict):
-            raise ValueError("unexpected layout or version")
-        return data["entries"]
-    except (OSError, ValueError) as exc:
-        warnings.warn(f"{path}: ignoring the 16-bit arithmetic cache ({exc}); it will be "
-                      "rewritten", PlannerCacheWarning, stacklevel=3)
-        return {}
+    return read_cache_entries(_cache_file(), CACHE_VERSION, "the 16-bit arithmetic cache",
+                              PlannerCacheWarning)
 
 
 def _write_cache(entries: Dict[str, dict]) -> None:
-    path = _cache_file()
-    try:
-        atomic_write(path, json.dumps({"version": CACHE_VERSION, "entries": entries}))
-    except OSError as exc:  # a read-only home must not break training
-        warnings.warn(f"{path}: could not save the 16-bit arithmetic cache ({exc})",
-                      PlannerCacheWarning, stacklevel=3)
+    write_cache_entries(_cache_file(), CACHE_VERSION, entries, "the 16-bit arithmetic cache",
+                        PlannerCacheWarning)

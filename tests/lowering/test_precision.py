@@ -61,6 +61,17 @@ def test_a_cached_decision_is_read_not_measured(fresh, monkeypatch):
     assert precision.arithmetic_dtype("bfloat16") == "float32"
 
 
+def test_a_corrupt_cache_is_ignored_with_a_warning_and_rewritten(fresh, monkeypatch):
+    from keras_cct.errors import PlannerCacheWarning
+    (fresh / "precision.json").write_text("{not json")
+    monkeypatch.setattr(precision, "measure", lambda dtype: {"compute": "float32"})
+    with pytest.warns(PlannerCacheWarning, match="precision.json: ignoring the 16-bit"):
+        assert precision.arithmetic_dtype("bfloat16") == "float32"
+    data = json.loads((fresh / "precision.json").read_text())
+    assert data["version"] == precision.CACHE_VERSION
+    assert data["entries"][precision._key("bfloat16")] == {"compute": "float32"}
+
+
 def test_the_measurement_is_made_once_and_cached(fresh, monkeypatch):
     """A real measurement: both dtypes timed, the decision the rule gives for those times, and
     neither this process nor a later one (the cache file) measures again."""
