@@ -157,7 +157,8 @@ class CaffeDeconvolution(keras.layers.Layer):
         g = self.groups
         cg = c // g
         # dilation as zeros between the kernel's taps: TensorFlow's CPU transposed convolution
-        # takes no dilation without oneDNN (its default on CPUs without AVX-512)
+        # takes no dilation without its oneDNN operations (off by default on an AVX2-only AMD
+        # EPYC: "Current CPU implementations do not yet support dilation rates larger than 1")
         kernel = _dilated(self.kernel, dh, dw)
         outs = []
         for i in range(g):
