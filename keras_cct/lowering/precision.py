@@ -4,19 +4,19 @@ Under ``mixed_bfloat16`` (or ``mixed_float16``) a layer's inputs and kernel are 
 On a CPU with 16-bit arithmetic (AVX512-BF16, AMX-BF16) the backends' 16-bit convolutions and
 GEMMs run several times faster than their float32 ones. On a CPU without it they may run far
 slower: on an AMD EPYC with AVX2 only, TensorFlow's bfloat16 convolution ran 8 GFLOP/s against
-float32's 105, PyTorch's bfloat16 GEMM 2-5 against 130 (docs/benchmarks.md). There a 16-bit
-convolution computes faster in float32: its 16-bit inputs are cast up (exactly), the products
-are summed in float32 (as the 16-bit kernels sum them too) and the result is cast back to the
-16-bit dtype, so the layer's output, its dtype and its memory between layers are unchanged.
+float32's 105-127, PyTorch's 6-11 and its lowered ones 2-5 against 84-157 (docs/lowering.md).
+There a 16-bit convolution computes faster in float32: its 16-bit inputs are cast up (exactly),
+the products are summed in float32 (as the 16-bit kernels sum them too) and the result is cast
+back to the 16-bit dtype, so the layer's output, its dtype and its memory between layers are
+unchanged.
 
 :func:`arithmetic_dtype` says which, per backend and machine: ``$KERAS_CCT_16BIT`` set to
 ``"float32"`` or ``"keep"`` decides; unset (or ``"auto"``), a 16-bit dtype is kept on an
 accelerator and on a CPU that has 16-bit arithmetic (:data:`FAST_FLAGS`), and elsewhere a
-one-time measurement
-(:func:`measure`: the backend's own convolution and a lowered one, forward+backward, on a small
-shape, in the 16-bit dtype and in float32, interleaved) decides, cached on disk beside the
-planner's choices. 16-bit arithmetic is kept unless it measures more than :data:`SLOWER_BY`
-slower than float32.
+one-time measurement decides (:func:`measure`: the backend's own convolution and a lowered one,
+forward+backward, on a small shape, in the 16-bit dtype and in float32, interleaved), cached on
+disk beside the planner's choices: 16-bit arithmetic is kept unless it measures more than
+:data:`SLOWER_BY` times float32's time.
 """
 
 from __future__ import annotations
