@@ -4,7 +4,7 @@ Under ``mixed_bfloat16`` (or ``mixed_float16``) a layer's inputs and kernel are 
 On a CPU with 16-bit arithmetic (AVX512-BF16, AMX-BF16) the backends' 16-bit convolutions and
 GEMMs run several times faster than their float32 ones. On a CPU without it they may run far
 slower: on an AMD EPYC with AVX2 only, TensorFlow's bfloat16 convolution ran 8 GFLOP/s against
-float32's 105-127, PyTorch's 6-11 and its lowered ones 2-5 against 84-157 (docs/lowering.md).
+float32's 105-127, PyTorch's 6-11 against 132-157 (its lowerings' GEMMs 2-5; docs/lowering.md).
 There a 16-bit convolution computes faster in float32: its 16-bit inputs are cast up (exactly),
 the products are summed in float32 (as the 16-bit kernels sum them too) and the result is cast
 back to the 16-bit dtype, so the layer's output, its dtype and its memory between layers are
