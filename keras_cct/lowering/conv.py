@@ -4,9 +4,7 @@ them (the planner chooses)."""
 from __future__ import annotations
 
 
-from keras import backend
-
-from keras_cct.lowering.dispatch import check_lowering, conv2d_geo
+from keras_cct.lowering.dispatch import check_lowering, common_dtype, conv2d_geo
 from keras_cct.lowering.geometry import PaddingArg, conv_geometry
 from keras_cct.lowering.planner import choose_for
 from keras_cct.lowering.precision import arithmetic_dtype
@@ -39,7 +37,7 @@ def conv2d(x, kernel, bias=None, *, strides=1, padding: PaddingArg = "valid", di
     check_lowering(lowering)
     geo = conv_geometry(tuple(x.shape), tuple(kernel.shape), strides=strides, padding=padding,
                         dilation_rate=dilation_rate, groups=groups)
-    arith = arithmetic_dtype(backend.result_type(x.dtype, kernel.dtype))
+    arith = arithmetic_dtype(common_dtype(x, kernel))
     if lowering == "auto":
         lowering = choose_for(geo, mode=planner, dtype=arith, bias=bias is not None)
     return conv2d_geo(x, kernel, geo, lowering, bias=bias, compute_dtype=arith)

@@ -76,15 +76,23 @@ def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str, bias=None,
     return y if bias is None else ops.add(y, bias)
 
 
-def _in_common_dtype(x, kernel):
-    """``x`` and ``kernel`` in one dtype: where they differ (a layer called outside its
-    autocast scope, as ``layer.stateless_call`` calls it: a bfloat16 input and the float32
-    kernel), both in their common one, as ``keras.ops.conv`` and keras Conv2D compute them."""
+def common_dtype(x, kernel) -> str:
+    """The dtype a convolution of ``x`` by ``kernel`` computes in: theirs where they agree (a
+    float64 pair stays float64), else their common one, as ``keras.ops.conv`` and keras Conv2D
+    compute them (a layer called outside its autocast scope, as ``layer.stateless_call`` calls
+    it: a bfloat16 input and the float32 kernel)."""
     dx, dk = backend.standardize_dtype(x.dtype), backend.standardize_dtype(kernel.dtype)
-    if dx == dk:
-        return x, kernel
-    common = backend.result_type(dx, dk)
-    return ops.cast(x, common), ops.cast(kernel, common)
+    return dx if dx == dk else backend.result_type(dx, dk)
+
+
+def _in_common_dtype(x, kernel):
+    """``x`` and ``kernel`` in :func:`common_dtype`."""
+    common = common_dtype(x, kernel)
+    if backend.standardize_dtype(x.dtype) != common:
+        x = ops.cast(x, common)
+    if backend.standardize_dtype(kernel.dtype) != common:
+        kernel = ops.cast(kernel, common)
+    return x, kernel
 
 
 def _lowered(x, kernel, geo: ConvGeometry, lowering: str):
