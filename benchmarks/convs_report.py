@@ -172,9 +172,9 @@ def markdown(data: dict) -> str:
             f" ({len(r['layers'])} / {sum(len(x['names']) for x in r['layers'])})"
             if (r := next((r for r in data["runs"] if r["net"] == n), None)) else "")
             for n, v in data.get("nets", {}).items())
-        + ". VGG16 at 112x112, ResNet-50 at batch 4 and MobileNet at batch 16 so that the "
-        "whole run fits in about half an hour on two cores; CaffeNet at its real size and "
-        "batch.", "",
+        + ". By default VGG16 at 112x112, ResNet-50 at batch 4 and MobileNet at batch 16 so "
+        "that the whole run fits in about half an hour on two cores, CaffeNet at its real "
+        "size and batch (32); `--batch` sets every net's batch.", "",
         "## Summary", ""]
     lines += _summary_md(data["summary"])
     if data.get("flag_above", "gemm") == "gemm" and "summary_above_gemm_kept" in data:
