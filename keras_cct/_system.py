@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -17,8 +18,10 @@ def physical_memory() -> Optional[int]:
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def _cpuinfo() -> Dict[str, str]:
-    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none)."""
+    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none), read once
+    per process (a layer's call asks for the CPU's flags: 0.35 ms a read)."""
     fields: Dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -57,7 +57,7 @@ from keras_cct.lowering.cost import Machine, cost, estimate_seconds
 from keras_cct.lowering.dispatch import available
 from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
-from keras_cct.lowering.timing import make_step
+from keras_cct.lowering.timing import interleaved_best, make_step
 
 CACHE_VERSION = 22  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
@@ -453,23 +453,5 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
         # The first candidate's compilation is what the layer costs without keras_cct too (a
         # model with keras Conv2D compiles its convolution): the budget counts from there.
         start = time.perf_counter() if start is None else start
-    lowerings = tuple(steps)
-    best = {low: float("inf") for low in lowerings}
-    timed = {low: 0.0 for low in lowerings}
-    rnd, running = 0, lowerings
-    while rnd < repeats or (rnd < max_rounds and
-                            min(timed[low] for low in running) < min_timed_s):
-        order = running[rnd % len(running):] + running[:rnd % len(running)]
-        for low in order:
-            t0 = time.perf_counter()
-            steps[low]()
-            dt = time.perf_counter() - t0
-            best[low] = min(best[low], dt)
-            timed[low] += dt
-        rnd += 1
-        if drop_behind is not None and len(running) > 1:
-            lead = min(best[low] for low in running)
-            running = tuple(low for low in running if best[low] <= drop_behind * lead)
-            if len(running) == 1:
-                break
-    return best
+    return interleaved_best(steps, repeats, min_timed_s=min_timed_s, max_rounds=max_rounds,
+                            drop_behind=drop_behind)

@@ -22,9 +22,8 @@ disk beside the planner's choices: 16-bit arithmetic is kept unless it measures 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Tuple
 
 import numpy as np
 
@@ -33,7 +32,7 @@ from keras_cct._system import cpu_fingerprint, cpu_flags, cpu_name
 from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering import _backend as B
 from keras_cct.lowering.geometry import conv_geometry
-from keras_cct.lowering.timing import make_step
+from keras_cct.lowering.timing import interleaved_best, make_step
 
 #: The dtypes this module may compute in float32.
 SIXTEEN_BIT = ("bfloat16", "float16")
@@ -57,7 +56,7 @@ FAST_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16", "bf16"),
               "float16": ("avx512_fp16", "amx_fp16")}
 CACHE_VERSION = 1
 
-_decided: Dict[str, str] = {}
+_decided: Dict[Tuple[str, str], str] = {}
 
 
 def mode() -> str:
@@ -79,18 +78,26 @@ def arithmetic_dtype(dtype: str) -> str:
     how = mode()
     if how != "auto":
         return "float32" if how == "float32" else dtype
+    import keras
+    memo = (keras.backend.backend(), dtype)  # asked in a layer's call: decided once
+    if memo not in _decided:
+        _decided[memo] = _auto_choice(dtype)
+    return _decided[memo]
+
+
+def _auto_choice(dtype: str) -> str:
+    """``$KERAS_CCT_16BIT=auto``'s answer: the dtype on an accelerator or with
+    :data:`FAST_FLAGS`, else the cached or a new measurement's."""
     if B.device_name() or cpu_flags() & set(FAST_FLAGS[dtype]):
         return dtype
     key = _key(dtype)
-    if key not in _decided:
-        entry = _read_cache().get(key)
-        if not _valid(entry):
-            entry = measure(dtype)
-            entries = _read_cache()
-            entries[key] = entry
-            _write_cache(entries)
-        _decided[key] = entry["compute"]
-    return _decided[key]
+    entry = _read_cache().get(key)
+    if not _valid(entry):
+        entry = measure(dtype)
+        entries = _read_cache()
+        entries[key] = entry
+        _write_cache(entries)
+    return entry["compute"]
 
 
 def measure(dtype: str) -> dict:
@@ -110,16 +117,9 @@ def _measure(dtype: str) -> dict:
     k = rng.standard_normal(SHAPE[1], dtype=np.float32) * 0.1
     steps = {(low, dt): make_step(geo, low, x, k, dtype=dt)
              for dt in (dtype, "float32") for low in TIMED}
-    best = {}
-    for name, step in steps.items():
+    for step in steps.values():
         step()  # compile, first touch
-        best[name] = float("inf")
-    names = list(steps)
-    for rnd in range(ROUNDS):
-        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
-            t0 = time.perf_counter()
-            steps[name]()
-            best[name] = min(best[name], time.perf_counter() - t0)
+    best = interleaved_best(steps, ROUNDS)
     t16 = sum(best[(low, dtype)] for low in TIMED)
     t32 = sum(best[(low, "float32")] for low in TIMED)
     return {"seconds": {dtype: t16, "float32": t32},

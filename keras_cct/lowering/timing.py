@@ -8,13 +8,15 @@ TensorFlow and XLA cannot prune it."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Dict, Hashable, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
 from keras_cct.lowering import _backend as B
 from keras_cct.lowering.dispatch import conv2d_geo as _conv2d_geo
 from keras_cct.lowering.geometry import ConvGeometry
+
+K = TypeVar("K", bound=Hashable)
 
 
 def best_of(step: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
@@ -26,6 +28,38 @@ def best_of(step: Callable[[], object], repeats: int = 3, warmup: int = 1) -> fl
         t0 = time.perf_counter()
         step()
         best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def interleaved_best(steps: Dict[K, Callable[[], object]], repeats: int, *,
+                     min_timed_s: float = 0.0, max_rounds: int = 0,
+                     drop_behind: Optional[float] = None) -> Dict[K, float]:
+    """Best wall time (seconds) of each of ``steps`` (warmed up already) over ``repeats``
+    rounds in which each is called once, the order rotated every round (side by side, so that
+    a burst of load on a busy machine does not fall on one step only), and further rounds, up to
+    ``max_rounds`` in all, while some step has less than ``min_timed_s`` seconds of timed calls.
+    With ``drop_behind``, a step whose best time is more than that factor behind the fastest
+    one's after a round is timed no more (its best so far is returned), and the rounds end when
+    one is left."""
+    names = tuple(steps)
+    best = {name: float("inf") for name in names}
+    timed = {name: 0.0 for name in names}
+    rnd, running = 0, names
+    while rnd < repeats or (rnd < max_rounds and
+                            min(timed[name] for name in running) < min_timed_s):
+        order = running[rnd % len(running):] + running[:rnd % len(running)]
+        for name in order:
+            t0 = time.perf_counter()
+            steps[name]()
+            dt = time.perf_counter() - t0
+            best[name] = min(best[name], dt)
+            timed[name] += dt
+        rnd += 1
+        if drop_behind is not None and len(running) > 1:
+            lead = min(best[name] for name in running)
+            running = tuple(name for name in running if best[name] <= drop_behind * lead)
+            if len(running) == 1:
+                break
     return best
 
 
