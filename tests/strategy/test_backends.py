@@ -22,19 +22,6 @@ CPU = {"jax": "jax:cpu:0", "torch": "torch:cpu"}.get(BACKEND)
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def opencl():
-    """Skip without an OpenCL platform, but fail under CI=true (CI installs PoCL)."""
-    from keras_cct.devices import list_devices
-    from tests.conftest import IN_CI
-    names = [d.name for d in list_devices(calibrate=False) if d.is_opencl]
-    if "opencl:0:0" not in names:
-        if IN_CI:
-            pytest.fail("no OpenCL device: ci/test installs PoCL (pocl-opencl-icd)")
-        pytest.skip("no OpenCL platform on this machine (install pocl-opencl-icd)")
-    return names
-
-
 def _pair(strategy, x_shape, **kw):
     """A strategy-bound HybridConv2D and keras' Conv2D with the same (non-zero) weights."""
     with strategy.scope():

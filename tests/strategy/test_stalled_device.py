@@ -13,11 +13,9 @@ import pytest
 
 from keras_cct import CCTStrategy, HybridConv2D
 from keras_cct.errors import DeviceDroppedWarning, DeviceTimeoutError
-from tests.strategy import test_strategy as _ts
 from tests.strategy.test_strategy import _assert_same_weights, _data, _model
 from tests.processes import gone
 
-opencl = _ts.opencl  # the fixture: the OpenCL platform (skips without one, fails in CI)
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
                                 reason="the TensorFlow split op (tf.device shards, tf.function graphs); "
