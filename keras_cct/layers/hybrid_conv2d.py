@@ -11,6 +11,7 @@ from keras.layers import InputSpec
 from keras_cct.errors import LoweringError
 from keras_cct.lowering import (PLANNER_MODES, check_available, check_lowering, choose_for,
                                 conv2d_geo, conv_geometry)
+from keras_cct.lowering.dispatch import computed_in
 from keras_cct.lowering.geometry import (ConvGeometry, normalize_pair, normalize_padding,
                                          padding_to_config)
 from keras_cct.lowering.precision import arithmetic_dtype
@@ -219,8 +220,9 @@ class HybridConv2D(keras.layers.Layer):
             y = conv2d_on(self.device, x, self.kernel, self.bias, strides=self.strides,
                           padding=geo.pad, dilation_rate=self.dilation_rate, groups=self.groups)
         elif self._strategy is not None:  # each device adds the bias to its own shard
-            y = self._strategy.split_conv(self, x, self.kernel, geo, lowering,
-                                          bias=self.bias if self.use_bias else None)
+            y = computed_in(arith, lambda a, k, b: self._strategy.split_conv(
+                self, a, k, geo, lowering, bias=b), x, self.kernel,
+                self.bias if self.use_bias else None)
         else:
             y = conv2d_geo(x, self.kernel, geo, lowering,
                            bias=self.bias if self.use_bias else None, compute_dtype=arith)

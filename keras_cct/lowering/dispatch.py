@@ -5,7 +5,7 @@ can take. No planning here (the planner and the timing harness build on this mod
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from keras import backend, ops
 
@@ -63,13 +63,27 @@ def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str, bias=None,
     a concrete lowering name. ``"native"`` adds the bias inside the backend's op (TensorFlow:
     after each group's convolution, where oneDNN fuses it). With ``compute_dtype`` other than
     the inputs' (float32 for 16-bit inputs: :func:`~keras_cct.lowering.precision.
-    arithmetic_dtype`), the inputs are cast to it and the result back to theirs."""
+    arithmetic_dtype`), the inputs are cast to it and the result back to theirs
+    (:func:`computed_in`)."""
+    return computed_in(compute_dtype, lambda a, k, b: _conv2d(a, k, geo, lowering, b),
+                       x, kernel, bias)
+
+
+def computed_in(compute_dtype: Optional[str], conv: Callable, x, kernel, bias=None):
+    """``conv(x, kernel, bias)`` with ``x`` and ``kernel`` in :func:`common_dtype`, computed in
+    ``compute_dtype`` where that is given and differs: the inputs cast to it, the result cast
+    back. One definition for every path that convolves (``conv2d_geo``, and CCTStrategy's
+    split, whose shards then all receive the arithmetic dtype)."""
     x, kernel = _in_common_dtype(x, kernel)
     dtype = backend.standardize_dtype(x.dtype)
-    if compute_dtype is not None and compute_dtype != dtype:
-        y = conv2d_geo(ops.cast(x, compute_dtype), ops.cast(kernel, compute_dtype), geo,
-                       lowering, None if bias is None else ops.cast(bias, compute_dtype))
-        return ops.cast(y, dtype)
+    if compute_dtype is None or compute_dtype == dtype:
+        return conv(x, kernel, bias)
+    y = conv(ops.cast(x, compute_dtype), ops.cast(kernel, compute_dtype),
+             None if bias is None else ops.cast(bias, compute_dtype))
+    return ops.cast(y, dtype)
+
+
+def _conv2d(x, kernel, geo: ConvGeometry, lowering: str, bias=None):
     if lowering == "native":
         return native_conv2d(x, kernel, geo, bias)
     y = _lowered(x, kernel, geo, lowering)

@@ -159,6 +159,11 @@ def _gated(x, zero):
     return x + zero.astype(x.dtype)
 
 
+def _f32(arrays) -> list:
+    """``arrays`` in float32, as the host-side shards (OpenCL, other JAX devices) take them."""
+    return [a.astype(np.float32) for a in arrays]
+
+
 def _split(x, sizes):
     out, o = [], 0
     for n in sizes:
@@ -173,6 +178,7 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
     import jax.numpy as jnp
     from keras_cct.lowering import conv2d_geo
     x = jnp.asarray(x)
+    dtype = x.dtype  # the host's shards compute in float32: 16-bit data is cast at the boundary
     params = [jnp.asarray(getattr(kernel, "value", kernel))] + (
         [] if bias is None else [jnp.asarray(getattr(bias, "value", bias))])
     batch = int(x.shape[0])
@@ -234,7 +240,7 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
                     shard = _opencl.launch(strategy, plan, phase, i, geo, arrays, **kw) \
                         if d.is_opencl else _Remote(plan, phase, i, d.name, geo, lowering, arrays)
                     return np.int32(strategy._put_ticket(shard))
-                tickets[i] = _callback(launch, i32, token, *arrays_of(i))
+                tickets[i] = _callback(launch, i32, token, *_f32(arrays_of(i)))
         done = [token] + list(tickets.values())
         if own is not None and sizes[own] > 0:
             outs[own], end = jax_compute(own, done)
@@ -249,7 +255,8 @@ def split_conv(strategy, plan, x, kernel, geo, lowering: str, bias=None):
                 if not strategy.active[i]:  # dropped: the step is traced again without it
                     _stale(generation)
                 return tuple(np.asarray(g, np.float32) for g in got)
-            outs[i] = list(_callback(collect, out_shapes(i), ticket, done[0], *arrays_of(i)))
+            outs[i] = [o.astype(dtype) for o in _callback(
+                collect, out_shapes(i), ticket, done[0], *_f32(arrays_of(i)))]
         return outs
 
     def forward(x, *params):

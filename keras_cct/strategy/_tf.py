@@ -209,7 +209,9 @@ class _OpenCLShard:
         import tensorflow as tf
         self.strategy, self.plan, self.phase, self.i, self.geo = strategy, plan, phase, i, geo
         self.kw = dict(need_dx=need_dx, with_bias=len(params) == 2)
-        self.inputs = [x] + ([] if dy is None else [dy]) + list(params)
+        self.dtype = x.dtype  # OpenCL computes in float32: 16-bit data is cast at the boundary
+        self.inputs = [tf.cast(t, tf.float32) for t in
+                       [x] + ([] if dy is None else [dy]) + list(params)]
         self.ticket = tf.numpy_function(self._launch, self.inputs, tf.int64, stateful=False,
                                         name=f"cct_opencl_launch_{phase}")
 
@@ -229,7 +231,8 @@ class _OpenCLShard:
         outs = tf.numpy_function(self._collect, [self.ticket] + self.inputs,
                                  [tf.float32] * n_out, stateful=False,
                                  name=f"cct_opencl_shard_{self.phase}")
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        outs = [tf.cast(t, self.dtype) for t in (
+            outs if isinstance(outs, (list, tuple)) else [outs])]
         geo = self.geo
         if self.phase == "forward":
             outs[0].set_shape([None, geo.out_h, geo.out_w, geo.filters])

@@ -62,7 +62,9 @@ def _to_host(tensors: list) -> list:
 
 
 def _numpy(t) -> np.ndarray:
-    return np.ascontiguousarray(t.detach().cpu().numpy())
+    """``t`` as a float32 array for an OpenCL shard (which computes in float32; numpy has no
+    bfloat16)."""
+    return np.ascontiguousarray(t.detach().cpu().float().numpy())
 
 
 class _Shards:
@@ -121,7 +123,7 @@ class _Shards:
             if phase == "backward" and not need_dx:
                 got = [None] + got
             outs[i] = [None if g is None else torch.from_numpy(np.ascontiguousarray(g)).to(
-                x.device) for g in got]
+                x.device, x.dtype) for g in got]
         return self._join(phase, [o for o in outs if o is not None], x, params, need_dx)
 
     def _cuda_launch(self, phase, i, xi, dyi, params, need_dx):
