@@ -51,10 +51,12 @@ def timer(device, x, k, geo, lowering):
     """A function that runs ``x`` convolved with ``k`` once on backend ``device``."""
     import tensorflow as tf
     from keras_cct.lowering import conv2d_geo
+    from keras_cct.lowering._backend.tensorflow import quiet_retracing
     with tf.init_scope():
         with tf.device(_tf_device_name(device.name)):
             tx, tk = tf.constant(x), tf.constant(k)
         fn = tf.function(lambda a, b: conv2d_geo(a, b, geo, lowering), autograph=False)
+        quiet_retracing(fn)  # one per layer and device
 
     def run():
         with tf.init_scope(), tf.device(_tf_device_name(device.name)):

@@ -1,10 +1,19 @@
 """The timing harness for any Keras layer (``cct time``'s per-layer timers, the benchmarks):
 its forward+backward step computes the real gradients for the output's cotangent."""
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import keras
 import numpy as np
+import pytest
 
 from keras_cct.lowering.timing import block, layer_steps
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _arrays(result) -> list:
@@ -71,3 +80,26 @@ def test_steps_run_the_code_as_written_not_rewritten_by_autograph():
     k = rng.standard_normal((3, 3, 3, 4)).astype("float32")
     make_step(geo, conv, x, k)()
     assert files and set(files) == {__file__}
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="TensorFlow's frequent-retracing warning")
+def test_a_race_over_many_shapes_does_not_warn_of_retracing(tmp_path):
+    """TensorFlow warns that a function "triggered tf.function retracing" when functions made
+    from one source are traced in most of its last calls -- every step of the planner's races,
+    each traced once by design; a first ``fit`` of a model with several convolution shapes
+    printed it. TensorFlow warns at most twice per source and process: a fresh process."""
+    script = textwrap.dedent("""
+        from keras_cct.lowering.geometry import conv_geometry
+        from keras_cct.lowering.planner import time_lowerings
+        for c in range(4, 10):
+            time_lowerings(conv_geometry((2, 6, 6, c), (3, 3, c, 4)), ("native", "type1"),
+                           batch=2, repeats=1)
+        print("raced")
+    """)
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", KERAS_CCT_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and "raced" in proc.stdout, proc.stderr[-3000:]
+    assert "triggered tf.function retracing" not in proc.stderr

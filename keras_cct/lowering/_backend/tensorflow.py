@@ -411,7 +411,16 @@ def conv_step(conv: Callable, args: List[np.ndarray], r: np.ndarray, *, training
             loss = tf.reduce_sum(conv(*ps) * rr)
         return loss + tf.add_n([first(g) for g in tape.gradient(loss, list(ps))])
 
+    quiet_retracing(run)
     return lambda: run(tr, *targs).numpy()
+
+
+def quiet_retracing(fn) -> None:
+    """Keep TensorFlow from warning that ``fn`` "triggered tf.function retracing": it counts
+    the traces of every function made from the same source together, and the planner makes
+    one step function per candidate and shape, each traced once (a model's first ``fit`` with
+    five convolution shapes printed the warning twice)."""
+    fn._omit_frequent_tracing_warning = True  # (TensorFlow's own switch for such functions)
 
 
 def device_name() -> Optional[str]:
@@ -450,4 +459,6 @@ def layer_steps(layer, args: list, dys: list):
         return ys, tape.gradient(ys, list(a) + list(layer.trainable_weights),
                                  output_gradients=cts)
 
+    quiet_retracing(forward)
+    quiet_retracing(forward_backward)
     return forward, forward_backward
