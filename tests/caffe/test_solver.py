@@ -139,15 +139,15 @@ def test_sgd_runs_fused_where_the_backend_has_a_form_and_matches_caffe(monkeypat
     (TensorFlow: one ``ResourceApplyMomentum`` per weight; PyTorch: in-place products), as
     the ops written out elsewhere (JAX; a ``tf.distribute`` strategy). Every path gives Caffe's
     weights and history (float64 numpy solver)."""
-    from keras_cct.caffe.train import optimizer as opt_module
+    from keras_cct.lowering import _backend
     taken = []
-    fused = opt_module._fused_sgd
+    fused = _backend.sgd_step
 
     def recorded(*args):
         taken.append(fused(*args))
         return taken[-1]
 
-    monkeypatch.setattr(opt_module, "_fused_sgd", recorded)
+    monkeypatch.setattr(_backend, "sgd_step", recorded)
     scope = contextlib.nullcontext()
     if distributed:
         import tensorflow as tf

@@ -25,6 +25,7 @@ import numpy as np
 from keras import ops
 
 from keras_cct.errors import CaffeFormatError
+from keras_cct.lowering import _backend
 
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 #: Caffe's solver types, in the order of its legacy ``solver_type`` enum
@@ -154,48 +155,6 @@ class CaffeLRSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 @keras.saving.register_keras_serializable(package="keras_cct")
-def _fused_sgd(variable, history, grad, rate, momentum, reg=None, decay: float = 0.0) -> bool:
-    """Caffe's SGD step ``h = m h + rate (g + decay reg); w -= h`` (``reg``: the weights for L2,
-    their signs for L1, None without weight decay) in place, in the fewest passes over the
-    weights the backend offers; returns False, doing nothing, where the update is left to the
-    ops written in :meth:`CaffeOptimizer.update_step` (JAX, whose compiled step XLA fuses; a
-    ``tf.distribute`` strategy, whose variables are not plain resources).
-
-    - TensorFlow: one ``ResourceApplyMomentum`` kernel on ``rate g`` at a rate of 1 (its
-      ``accum`` is then Caffe's history, unchanged).
-    - PyTorch: ``h.mul_(m).addcmul_(g, rate)``, ``h.addcmul_(reg, rate decay)`` and
-      ``w.sub_(h)``, in place (the ops allocated a fresh tensor the size of the weights for each
-      product, sum and assignment).
-
-    CaffeNet's 61M weights per step on a 2-core AVX2 EPYC, as ops / fused, momentum 0: TensorFlow
-    223 / 119 ms, PyTorch 478 / 43 ms; with momentum 0.9 and weight decay: 253 / 144
-    and 690 / 57 ms (PyTorch's own ``SGD``: 17 ms at momentum 0, which keeps no
-    history; 140 ms with momentum 0.9 and weight decay)."""
-    name = keras.backend.backend()
-    if name == "torch":
-        import torch
-        h, w = history.value, variable.value
-        with torch.no_grad():
-            h.mul_(momentum).addcmul_(grad, rate)
-            if reg is not None:
-                h.addcmul_(getattr(reg, "value", reg), rate * decay)
-            w.sub_(h)
-        return True
-    if name != "tensorflow":
-        return False
-    import tensorflow as tf
-    accum = getattr(history, "value", history)
-    if tf.distribute.has_strategy() or not all(
-            isinstance(v, tf.Variable) and hasattr(v, "handle") for v in (variable, accum)):
-        return False
-    if reg is not None:
-        grad = grad + decay * tf.convert_to_tensor(reg)
-    tf.raw_ops.ResourceApplyMomentum(var=variable.handle, accum=accum.handle,
-                                     lr=tf.constant(1.0, variable.dtype), grad=rate * grad,
-                                     momentum=momentum, use_locking=False)
-    return True
-
-
 class CaffeOptimizer(keras.optimizers.Optimizer):
     """Caffe's solvers' update rules, exactly, as a Keras optimizer.
 
@@ -345,8 +304,8 @@ class CaffeOptimizer(keras.optimizers.Optimizer):
         t = self.solver_type
         m = ops.cast(self.caffe_momentum, dtype)
         delta = ops.cast(self.delta, dtype)
-        if t == "SGD" and _fused_sgd(variable, h, g, local_rate, m, reg, local_decay):
-            return
+        if t == "SGD" and _backend.sgd_step(variable, h, g, local_rate, m, reg, local_decay):
+            return  # in place, where the backend has a fused form
         if reg is not None:
             g = g + ops.cast(local_decay, dtype) * reg
         if t == "SGD":

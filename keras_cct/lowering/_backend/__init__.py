@@ -21,6 +21,8 @@ Every module offers the same names:
 * ``layer_steps`` and ``wait``: any Keras layer's forward and forward+backward steps, and
   waiting for their results without computing more (:mod:`keras_cct.lowering.timing`);
 * ``device_name``: the accelerator Keras computes on, or None for the CPU;
+* ``sgd_step``: Caffe's SGD update in place where the backend has a fused form
+  (:class:`~keras_cct.caffe.train.optimizer.CaffeOptimizer`);
 * ``NAME``: the backend's name.
 
 :mod:`.common` holds what every backend shares (``custom_conv``, ``batch_bounds``, the split

@@ -29,7 +29,7 @@ COMPILED: tuple = ()
 MAX_PARTITIONS: Optional[int] = None
 __all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "MAX_PARTITIONS", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
            "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
-           "segment_sum", "split_batch", "take_rows", "wait"]
+           "segment_sum", "sgd_step", "split_batch", "take_rows", "wait"]
 
 
 def as_tensor(x):
@@ -187,3 +187,12 @@ def wait(tensors: list) -> None:
     the backends wait without computing anything)."""
     for t in tensors:
         ops.convert_to_numpy(ops.sum(t))
+
+
+def sgd_step(variable, history, grad, rate, momentum, reg=None, decay: float = 0.0) -> bool:
+    """Caffe's SGD step ``h = m h + rate (g + decay reg); w -= h`` on the variables ``variable``
+    (``w``) and ``history`` (``h``) in place, where the backend has a fused form (``reg``: the
+    weights for L2, their signs for L1, None without weight decay); returns whether it did.
+    Here it does not: the optimizer's ops run (:class:`~keras_cct.caffe.train.optimizer.
+    CaffeOptimizer`; on JAX the compiled step fuses them)."""
+    return False
