@@ -1,8 +1,8 @@
 """CCTStrategy under ``mixed_bfloat16``, on every backend: the split returns bfloat16, computes
 in the arithmetic dtype the layer decided (:mod:`keras_cct.lowering.precision`), and its OpenCL
-shards (float32 devices) take and give 16-bit data at their boundary. Before, TensorFlow and
-PyTorch raised on the OpenCL shard's float32 output and JAX dropped the device and returned
-float32."""
+shards (float32 devices) take and give 16-bit data at their boundary. Before, TensorFlow raised
+on the OpenCL shard's float32 output, PyTorch on handing bfloat16 to numpy, and JAX dropped the
+device and returned float32."""
 
 import keras
 import numpy as np
