@@ -78,8 +78,7 @@ def arithmetic_dtype(dtype: str) -> str:
     how = mode()
     if how != "auto":
         return "float32" if how == "float32" else dtype
-    import keras
-    memo = (keras.backend.backend(), dtype)  # asked in a layer's call: decided once
+    memo = (B.NAME, dtype)  # asked in a layer's call: decided once per backend and dtype
     if memo not in _decided:
         _decided[memo] = _auto_choice(dtype)
     return _decided[memo]
