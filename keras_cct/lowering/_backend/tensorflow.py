@@ -470,7 +470,7 @@ def sgd_step(variable, history, grad, rate, momentum, reg=None, decay: float = 0
     unchanged); not under a ``tf.distribute`` strategy, whose variables are not plain
     resources. CaffeNet's 61M weights on a 2-core AVX2 EPYC: 223 ms a step as the optimizer's
     ops (two products, a sum, two assignments), 119 ms fused (momentum 0.9 and weight decay:
-    253 and 144 ms; PyTorch's own ``SGD`` 140)."""
+    253 and 144 ms; PyTorch's own ``SGD`` 132-163)."""
     accum = getattr(history, "value", history)
     if tf.distribute.has_strategy() or not all(
             isinstance(v, tf.Variable) and hasattr(v, "handle") for v in (variable, accum)):

@@ -141,7 +141,8 @@ def sgd_step(variable, history, grad, rate, momentum, reg=None, decay: float = 0
     ``h.mul_(m).addcmul_(g, rate)``, ``h.addcmul_(reg, rate decay)``, ``w.sub_(h)``. The
     optimizer's ops allocate a tensor the size of the weights for each product, sum and
     assignment: CaffeNet's 61M weights on a 2-core AVX2 EPYC took 478 ms a step that way and
-    43 ms in place (momentum 0.9 and weight decay: 690 and 57 ms; PyTorch's own ``SGD`` 132)."""
+    43 ms in place (momentum 0.9 and weight decay: 690 and 57 ms; PyTorch's own ``SGD``
+    132-163)."""
     h, w = history.value, variable.value
     with torch.no_grad():
         h.mul_(momentum).addcmul_(grad, rate)
