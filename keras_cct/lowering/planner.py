@@ -59,7 +59,7 @@ from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import interleaved_best, make_step
 
-CACHE_VERSION = 22  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 23  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
@@ -80,7 +80,8 @@ CACHE_VERSION = 22  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   20: no batch partitions where a lowering repeats nothing; JAX at most 4;
 #                   a 1x1 Type 1 at stride 1 is a reshape (no gather); 21: JAX's native runs
 #                   one-row and one-column kernels as one-dimensional convolutions;
-#                   22: batch partitions count a bfloat16 value at 2 bytes (were 4)
+#                   22: batch partitions count a bfloat16 value at 2 bytes (were 4);
+#                   23: Winograd in batch partitions (faster at large batches)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the

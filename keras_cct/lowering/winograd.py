@@ -21,6 +21,13 @@ one GEMM: a batched GEMM ``(n*n, tiles, c) x (n*n, c, o)``. Here, in Caffe con T
 * **lifting** (output transform ``A^T m A``): additions along the height, then the width, and one
   interleave of the m*m results to ``(b, m*th, m*tw, o)``, cropped to the output size.
 
+The batch goes through these steps a partition at a time (CcT's batch partitioning, sized to
+the cache rather than to the GEMM): :func:`images_per_partition` images whose transformed data
+fits :data:`PARTITION_BYTES`. A whole batch's transformed data is far larger than the cache
+(CaffeNet's conv3-conv5 at batch 128: 250-300 MB), and each step then reads its operands
+back from memory: forward+backward of CaffeNet's conv2-conv5 at batch 128 on TensorFlow (AMD
+EPYC, AVX2) took 3.2 s as one partition and 2.1 s as 8 of 16 images.
+
 The gradients are written out (as :func:`keras_cct.lowering.engine.lowered_conv2d` does): the
 output gradient goes through the adjoint of the lifting (``A dY A^T``, a lowering of ``dy``),
 two batched GEMMs give the transformed kernel's and data's gradients, ``G^T dU G`` the kernel's,
@@ -61,12 +68,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from keras import ops
 
 from keras_cct.lowering import _backend as B
+from keras_cct.lowering.cost import value_bytes
 from keras_cct.lowering.geometry import ConvGeometry
 
 #: (B^T, G, A^T) for F(m x m, 3 x 3), m in {2, 4}: interpolation points 0, +-1 (and +-2), inf.
@@ -113,6 +121,28 @@ TILE_KERNELS = {2: (3,), 4: (3, 5)}
 #: Kernel sizes Winograd computes: 3x3 with the matrices above; 5x5 with matrices built by
 #: :func:`_cook_toom` from the interpolation points :data:`POINTS`.
 KERNELS = tuple(sorted({r for sizes in TILE_KERNELS.values() for r in sizes}))
+
+#: Bytes of transformed data (the GEMMs' operand ``V`` and product ``M``, every channel group)
+#: per batch partition (:func:`images_per_partition`): about the last-level cache of the CPU
+#: it was measured on (32 MB; a 2-core AMD EPYC with AVX2, float32). There, forward+backward
+#: ms per image at batch 64 by images per partition, 8 / 16 / 32 / 64 (the whole batch), and
+#: this default's:
+#:
+#: ============================  ======================  ======================  ==============
+#: CaffeNet layer (MB an image)  TensorFlow              PyTorch                 JAX (4 at most)
+#: ============================  ======================  ======================  ==============
+#: conv2, F(4x4, 5x5) (4.4)      5.6 5.6 8.5 8.8 / 6.1   6.6 7.6 9.8 11.4 / 6.1  5.5 .. 6.3 / 5.9
+#: conv3 (2.0)                   3.8 3.6 3.8 4.7 / 3.6   4.0 3.9 3.8 5.1 / 3.7   5.4 .. 5.8 / 5.6
+#: conv4 (2.4)                   3.4 3.0 3.1 4.2 / 3.2   3.7 3.4 4.0 4.0 / 3.6   4.4 .. 4.2 / 4.3
+#: conv5 (2.0)                   2.6 2.3 2.2 2.8 / 2.3   3.0 2.7 2.7 3.3 / 2.7   3.4 .. 3.6 / 3.4
+#: ============================  ======================  ======================  ==============
+#:
+#: On TensorFlow at batch 16, by 1 / 2 / 4 / 8 / 16 images (an earlier form, split around the
+#: whole convolution): VGG16's conv3_1 (19 MB an image) 27.7 / 28.1 / 33.5 / 36.6 / 40.4,
+#: conv4_2 (12.8 MB) 48.3 / 39.6 / 41.0 / 45.8 / 52.8, ResNet-50's 7x7x512 layer (1 MB) 16.9
+#: / 11.0 / 6.9 / 4.7 / 3.7 (its kernel, 16 MB transformed, is read and its gradient written
+#: once per partition).
+PARTITION_BYTES = 32 << 20
 
 
 def winograd_applies(geo: ConvGeometry, tile: int = 2) -> bool:
@@ -550,10 +580,35 @@ def _transforms(t: _Tiling) -> Tuple:
 
 # ------------------------------------------------------------------ the convolution
 
-def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2):
+def images_per_partition(geo: ConvGeometry, tile: int = 2, dtype_bytes: int = 4) -> int:
+    """Images per batch partition of :func:`winograd_conv2d`: as many whole images as keep one
+    partition's transformed data, the GEMMs' operand ``V`` and product ``M`` (``n*n*th*tw*(c +
+    o)`` values per image), within :data:`PARTITION_BYTES` (at least one image)."""
+    t = _Tiling(geo, tile)
+    per_image = t.nn * t.th * t.tw * (geo.channels + geo.filters) * dtype_bytes
+    return max(1, PARTITION_BYTES // per_image)
+
+
+def _partitions(x, images: int, parts: int) -> List:
+    """``x`` cut along the batch into partitions of ``images`` images (the last one the
+    remainder), so that every partition but the last has the one shape the transforms were
+    compiled for; ``parts`` near-equal ones where the batch size is not static."""
+    n = x.shape[0]
+    if n is None:
+        return B.split_batch(x, parts)
+    return [x[i:i + images] for i in range(0, n, images)]
+
+
+def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
+                    images: Optional[int] = None):
     """Convolution of channels-last ``x`` (b, h, w, c) with ``kernel`` (3, 3, c/groups, o) by
     Winograd's F(tile x tile, 3 x 3); no bias. Returns (b, out_h, out_w, o), differentiable
-    with a hand-written gradient. Requires :func:`winograd_applies`."""
+    with a hand-written gradient. Requires :func:`winograd_applies`.
+
+    The batch is transformed, multiplied and lifted ``images`` images at a time (CcT's batch
+    partitioning, so that a partition's transformed data is still in cache when the next step
+    reads it; None: :func:`images_per_partition`, at most the backend's ``MAX_PARTITIONS``
+    partitions)."""
     if not any(winograd_applies(geo, m) for m in TILE_KERNELS):
         raise ValueError(f"winograd_conv2d needs a {' or '.join(f'{k}x{k}' for k in KERNELS)} "
                          "kernel at stride 1 and dilation 1")
@@ -563,6 +618,13 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2):
      gemm, gemm_dv, gemm_du) = _transforms(t)
     cg, og, o = geo.cg, geo.og, geo.filters
     gg = np.kron(gm, gm)  # (nn, r*r): G g G^T for every (c, o) pair at once
+    batch = x.shape[0] or geo.batch or 1
+    if images is None:
+        images = images_per_partition(geo, tile, value_bytes(x.dtype))
+        if B.MAX_PARTITIONS:
+            images = max(images, -(-batch // B.MAX_PARTITIONS))
+    images = max(1, int(images))
+    parts = -(-batch // images)
 
     def kernel_transform(k):  # (r, r, cg, o) -> (nn, cg, o): one small GEMM
         u = B.matmul(B.constant(gg, k), ops.reshape(k, (r * r, cg * o)))
@@ -574,13 +636,25 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2):
 
     def forward(x, kernel):
         us = _groups(kernel_transform(kernel), geo.groups, og)
-        vs = input_transform(x)
-        return output_transform([gemm(v, u) for v, u in zip(vs, us)]), (vs, us)
+        ys, saved = [], []
+        for xq in _partitions(x, images, parts):
+            vs = input_transform(xq)
+            ys.append(output_transform([gemm(v, u) for v, u in zip(vs, us)]))
+            saved.append(vs)
+        return _concat_batch(ys), (saved, us)
 
     def backward(dy, saved):
-        vs, us = saved
-        dms = output_adjoint(dy)
-        dx = input_adjoint([gemm_dv(dm, u) for dm, u in zip(dms, us)])
-        return dx, kernel_adjoint(_concat([gemm_du(v, dm) for v, dm in zip(vs, dms)]))
+        vparts, us = saved
+        dxs, dus = [], []
+        for vs, dyq in zip(vparts, _partitions(dy, images, parts)):
+            dms = output_adjoint(dyq)
+            dxs.append(input_adjoint([gemm_dv(dm, u) for dm, u in zip(dms, us)]))
+            dus.append([gemm_du(v, dm) for v, dm in zip(vs, dms)])
+        du = _concat([B.add_n(list(per_group)) for per_group in zip(*dus)])
+        return _concat_batch(dxs), kernel_adjoint(du)
 
     return B.custom_conv(forward, backward, x, kernel)
+
+
+def _concat_batch(ts: Sequence):
+    return ops.concatenate(list(ts), axis=0) if len(ts) > 1 else ts[0]

@@ -128,6 +128,37 @@ def test_matches_keras_conv2d_float32(case, tile):
         assert ref.rel_err(got, want) < F32_TOL[tile]
 
 
+@pytest.mark.parametrize("case,tile,images", [("asym_groups2", 2, 2), ("asym_groups2", 4, 1),
+                                              ("k5_pad2_groups2", 4, 1), ("pad1_even", 2, 1)])
+def test_batch_partitions_match_float64_reference(case, tile, images):
+    """Transformed, multiplied and lifted ``images`` images at a time (batch 3 in partitions of
+    2 and 1, or batch 2 in 1 and 1): the same output and gradients as the whole batch, the
+    kernel's gradient summed over the partitions."""
+    x, k, dy, geo, padding, groups = _case(case)
+    y_ref = ref.conv2d(x, k, padding=padding, groups=groups)
+    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, padding=padding, groups=groups)
+    y, dx, dk = _run(lambda a, b: winograd_conv2d(a, b, geo, tile=tile, images=images),
+                     x, k, dy)
+    for got, want in ((y, y_ref), (dx, dx_ref), (dk, dk_ref)):
+        assert ref.rel_err(got, want) < F64_TOL
+
+
+def test_images_per_partition():
+    """As many whole images as keep ``V`` and ``M`` (n*n values per tile, for the input's and
+    the output's channels) within PARTITION_BYTES: CaffeNet's conv3 (13x13, 256 -> 384, 7x7
+    tiles of F(2x2)) holds 16 * 49 * 640 values an image, 2,007,040 bytes in float32; conv2
+    (27x27, 96 -> 256, F(4x4, 5x5): 7x7 tiles of 8x8) 64 * 49 * 352; a 16-bit value counts 2
+    bytes; an image larger than the target is a partition of its own."""
+    from keras_cct.lowering.winograd import PARTITION_BYTES, images_per_partition
+    conv3 = conv_geometry((128, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    assert images_per_partition(conv3, 2) == PARTITION_BYTES // (16 * 49 * 640 * 4)
+    assert images_per_partition(conv3, 2, dtype_bytes=2) == PARTITION_BYTES // (16 * 49 * 640 * 2)
+    conv2 = conv_geometry((128, 27, 27, 96), (5, 5, 48, 256), padding=2, groups=2)
+    assert images_per_partition(conv2, 4) == PARTITION_BYTES // (64 * 49 * 352 * 4)
+    big = conv_geometry((8, 224, 224, 512), (3, 3, 512, 512), padding=1)
+    assert images_per_partition(big, 2) == 1
+
+
 def test_bfloat16_keeps_dtype():
     x, k, dy, geo, padding, groups = _case("asym_groups2", np.float32)
     y_ref = ref.conv2d(x, k, padding=padding, groups=groups)
@@ -147,7 +178,8 @@ def test_bfloat16_keeps_dtype():
 @pytest.mark.parametrize("jit_compile,tile", [(False, 2), (True, 2), (False, 4)])
 def test_unknown_batch_tensorflow(jit_compile, tile):
     """TensorFlow traces with an unknown batch size (also under XLA): forward and gradients,
-    at two batch sizes through the one trace."""
+    at two batch sizes through the one trace, also cut into batch partitions (at batch 1 two
+    of the three are empty)."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("only TensorFlow traces with an unknown batch")
     import tensorflow as tf
@@ -164,11 +196,22 @@ def test_unknown_batch_tensorflow(jit_compile, tile):
             loss = tf.reduce_sum(y * d)
         return (y, *tape.gradient(loss, [a, b]))
 
+    @tf.function(input_signature=step.input_signature, jit_compile=jit_compile)
+    def partitioned(a, b, d):  # one image a partition: as many as geo.batch, near-equal
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            y = winograd_conv2d(a, b, geo, tile=tile, images=1)
+            loss = tf.reduce_sum(y * d)
+        return (y, *tape.gradient(loss, [a, b]))
+
     for n in (len(x), 1):
         y, dx, dk = (to_numpy(t) for t in step(x[:n], k, dy[:n]))
+        y2, dx2, dk2 = (to_numpy(t) for t in partitioned(x[:n], k, dy[:n]))
         dx_ref, dk_ref, _ = ref.conv2d_grads(x[:n], k, dy[:n], padding=padding, groups=groups)
         assert ref.rel_err(y, ref.conv2d(x[:n], k, padding=padding, groups=groups)) < F64_TOL
         assert ref.rel_err(dx, dx_ref) < F64_TOL and ref.rel_err(dk, dk_ref) < F64_TOL
+        assert ref.rel_err(y2, y) < F64_TOL
+        assert ref.rel_err(dx2, dx_ref) < F64_TOL and ref.rel_err(dk2, dk_ref) < F64_TOL
 
 
 def test_applies_to_3x3_and_5x5_at_stride1_dilation1():
