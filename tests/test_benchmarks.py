@@ -821,3 +821,25 @@ def test_keras_models_every_model_of_a_bfloat16_run_computes_in_bfloat16():
         assert [r["compute_dtypes"] for r in out["results"]] == [["bfloat16"], ["bfloat16"]]
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+# ------------------------------------------------------------------------------ partitions
+
+@pytest.mark.slow
+def test_partitions_quick(tmp_path):
+    """The Winograd partition sweep times each size, the whole batch and the default in one
+    TensorFlow process, and reports the default size the layer's own code chooses."""
+    from benchmarks import partitions
+    from keras_cct.lowering.geometry import conv_geometry
+    from keras_cct.lowering.winograd import partition_images
+    data = partitions.main(["--quick", "--out", str(tmp_path)])
+    assert data["failures"] == [] and [r["backend"] for r in data["runs"]] == ["tensorflow"]
+    res = data["runs"][0]["layers"]["conv5"]
+    assert sorted(res["seconds"]) == ["1", "2", "4", "default"]
+    assert all(_finite_positive(s) for s in res["seconds"].values())
+    geo = conv_geometry((4, 13, 13, 384), (3, 3, 192, 256), padding=1, groups=2)
+    assert res["default_images"] == partition_images(geo, 2, 4)
+    for suffix in ("json", "md", "png"):
+        assert (tmp_path / f"partitions.{suffix}").stat().st_size > 500
+    md = (tmp_path / "partitions.md").read_text()
+    assert "| tensorflow | conv5 | 2.0 |" in md and "4 images (whole)" in md

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -76,113 +75,32 @@ from keras import ops
 from keras_cct.lowering import _backend as B
 from keras_cct.lowering.cost import value_bytes
 from keras_cct.lowering.geometry import ConvGeometry
+from keras_cct.lowering.winograd_matrices import (KERNELS, TILE_KERNELS, _matrices,  # noqa: F401
+                                                 winograd_applies)
 
-#: (B^T, G, A^T) for F(m x m, 3 x 3), m in {2, 4}: interpolation points 0, +-1 (and +-2), inf.
-_MATRICES = {
-    2: ([[1, 0, -1, 0],
-         [0, 1, 1, 0],
-         [0, -1, 1, 0],
-         [0, 1, 0, -1]],
-        [[1, 0, 0],
-         [0.5, 0.5, 0.5],
-         [0.5, -0.5, 0.5],
-         [0, 0, 1]],
-        [[1, 1, 1, 0],
-         [0, 1, -1, -1]]),
-    4: ([[4, 0, -5, 0, 1, 0],
-         [0, -4, -4, 1, 1, 0],
-         [0, 4, -4, -1, 1, 0],
-         [0, -2, -1, 2, 1, 0],
-         [0, 2, -1, -2, 1, 0],
-         [0, 4, 0, -5, 0, 1]],
-        [[1 / 4, 0, 0],
-         [-1 / 6, -1 / 6, -1 / 6],
-         [-1 / 6, 1 / 6, -1 / 6],
-         [1 / 24, 1 / 12, 1 / 6],
-         [1 / 24, -1 / 12, 1 / 6],
-         [0, 0, 1]],
-        [[1, 1, 1, 1, 1, 0],
-         [0, 1, -1, 2, -2, 0],
-         [0, 1, 1, 4, 4, 0],
-         [0, 1, -1, 8, -8, 1]]),
-}
-
-#: The finite interpolation points (infinity is the last) for n = m + r - 1 points in all:
-#: F(2x2, 5x5) the same as F(4x4, 3x3)'s, F(4x4, 5x5) those and +-1/2.
-POINTS = {6: (0, 1, -1, 2, -2), 8: (0, 1, -1, 2, -2, 0.5, -0.5)}
-
-
-#: The kernel sizes each output tile is offered for as a lowering (``"winograd"`` is tile 2,
-#: ``"winograd4"`` tile 4). Not F(2x2, 5x5): it reads a 6x6 input tile per 2x2 outputs, and its
-#: transformed data (9 values per output and channel) made it slower than the direct
-#: convolution (CaffeNet conv2, TF, float32, batch 32, forward+backward: 181.9 ms against
-#: oneDNN's 131.4, where F(4x4, 5x5) ran 104.6 and F(3x3, 5x5) 123.1).
-TILE_KERNELS = {2: (3,), 4: (3, 5)}
-#: Kernel sizes Winograd computes: 3x3 with the matrices above; 5x5 with matrices built by
-#: :func:`_cook_toom` from the interpolation points :data:`POINTS`.
-KERNELS = tuple(sorted({r for sizes in TILE_KERNELS.values() for r in sizes}))
 
 #: Bytes of transformed data (the GEMMs' operand ``V`` and product ``M``, every channel group)
 #: per batch partition (:func:`images_per_partition`): about the last-level cache of the CPU
 #: it was measured on (32 MB; a 2-core AMD EPYC with AVX2, float32). There, forward+backward
 #: ms per image at batch 64 by images per partition, 8 / 16 / 32 / 64 (the whole batch), and
-#: this default's:
+#: this default's (``python -m benchmarks.partitions``, docs/benchmarks/epyc-avx2/partitions):
 #:
-#: ============================  ======================  ======================  ==============
-#: CaffeNet layer (MB an image)  TensorFlow              PyTorch                 JAX (4 at most)
-#: ============================  ======================  ======================  ==============
-#: conv2, F(4x4, 5x5) (4.4)      5.6 5.6 8.5 8.8 / 6.1   6.6 7.6 9.8 11.4 / 6.1  5.5 .. 6.3 / 5.9
-#: conv3 (2.0)                   3.8 3.6 3.8 4.7 / 3.6   4.0 3.9 3.8 5.1 / 3.7   5.4 .. 5.8 / 5.6
-#: conv4 (2.4)                   3.4 3.0 3.1 4.2 / 3.2   3.7 3.4 4.0 4.0 / 3.6   4.4 .. 4.2 / 4.3
-#: conv5 (2.0)                   2.6 2.3 2.2 2.8 / 2.3   3.0 2.7 2.7 3.3 / 2.7   3.4 .. 3.6 / 3.4
-#: ============================  ======================  ======================  ==============
+#: ============================  =============================  =============================
+#: CaffeNet layer (MB an image)  TensorFlow                     PyTorch
+#: ============================  =============================  =============================
+#: conv2, F(4x4, 5x5) (4.4)      5.5 6.3 7.9 9.4 / 5.5 (7)      7.1 7.1 9.1 15.0 / 7.3 (7)
+#: conv3 (2.0)                   4.0 3.7 4.1 4.8 / 3.8 (16)     4.9 4.3 4.7 6.2 / 4.6 (16)
+#: conv4 (2.4)                   4.0 3.3 3.8 5.2 / 3.6 (13)     3.9 3.6 4.2 5.4 / 3.9 (13)
+#: conv5 (2.0)                   2.8 2.4 2.3 2.9 / 2.4 (16)     3.0 2.8 2.7 3.5 / 2.9 (16)
+#: ============================  =============================  =============================
 #:
-#: On TensorFlow at batch 16, by 1 / 2 / 4 / 8 / 16 images (an earlier form, split around the
-#: whole convolution): VGG16's conv3_1 (19 MB an image) 27.7 / 28.1 / 33.5 / 36.6 / 40.4,
-#: conv4_2 (12.8 MB) 48.3 / 39.6 / 41.0 / 45.8 / 52.8, ResNet-50's 7x7x512 layer (1 MB) 16.9
-#: / 11.0 / 6.9 / 4.7 / 3.7 (its kernel, 16 MB transformed, is read and its gradient written
-#: once per partition).
+#: (JAX runs the whole batch: ``WINOGRAD_PARTITIONS`` of its backend module.) On TensorFlow
+#: at batch 16, by 1 / 2 / 4 / 8 / 16 images (an earlier form, split around the whole
+#: convolution): VGG16's conv3_1 (19 MB an image) 27.7 / 28.1 / 33.5 / 36.6 / 40.4, conv4_2
+#: (12.8 MB) 48.3 / 39.6 / 41.0 / 45.8 / 52.8, ResNet-50's 7x7x512 layer (1 MB) 16.9 / 11.0 /
+#: 6.9 / 4.7 / 3.7 (its kernel, 16 MB transformed, is read and its gradient written once per
+#: partition).
 PARTITION_BYTES = 32 << 20
-
-
-def winograd_applies(geo: ConvGeometry, tile: int = 2) -> bool:
-    """Whether ``tile``'s Winograd lowering computes this convolution: a square kernel of a size
-    in :data:`TILE_KERNELS`, stride 1, dilation 1 (:func:`winograd_conv2d` itself takes every
-    size in :data:`KERNELS`)."""
-    return (geo.kh == geo.kw and geo.kh in TILE_KERNELS.get(tile, ())
-            and (geo.sh, geo.sw, geo.dh, geo.dw) == (1, 1, 1, 1))
-
-
-def _cook_toom(m: int, r: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(B^T, G, A^T) of F(m, r) by Toom-Cook at the points :data:`POINTS` and infinity:
-    ``A^T[i, j] = p_j^i`` and ``G[j, k] = p_j^k / prod_(l != j) (p_j - p_l)`` (the last column
-    of A^T and the last row of G for infinity), and B^T the one matrix for which
-    ``A^T [(G g) * (B^T d)]`` is the correlation of ``d`` with ``g`` for every ``d`` and ``g``
-    (a linear system, solved in float64; its entries are small fractions, rounded to them)."""
-    n = m + r - 1
-    pts = POINTS[n]
-    at, g = np.zeros((m, n)), np.zeros((n, r))
-    for j, p in enumerate(pts):
-        scale = np.prod([p - q for q in pts if q != p])
-        at[:, j] = [p ** i for i in range(m)]
-        g[j] = [p ** k / scale for k in range(r)]
-    at[m - 1, n - 1] = g[n - 1, r - 1] = 1
-    # sum_j at[i, j] g[j, k] bt[j, l] = [l == i + k] for every i, k, l: n*n unknowns
-    eqs = np.einsum("ij,jk,jJ,lL->iklJL", at, g, np.eye(n), np.eye(n)).reshape(m * r * n, -1)
-    rhs = np.array([float(l == i + k) for i in range(m) for k in range(r) for l in range(n)])
-    bt = np.linalg.lstsq(eqs, rhs, rcond=None)[0].reshape(n, n)
-    bt = np.vectorize(lambda v: float(Fraction(v).limit_denominator(64)))(bt)
-    return bt, g, at
-
-
-@functools.lru_cache(maxsize=None)
-def _matrices(tile: int, r: int = 3) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(B^T, G, A^T) of F(tile x tile, r x r)."""
-    if r == 3 and tile in _MATRICES:
-        return tuple(np.asarray(mat, np.float64) for mat in _MATRICES[tile])  # type: ignore
-    if r not in KERNELS or tile + r - 1 not in POINTS:
-        raise ValueError(f"no Winograd F({tile}x{tile}, {r}x{r}) here")
-    return _cook_toom(tile, r)
 
 
 # ------------------------------------------------------------------ the 1-D transforms
@@ -589,6 +507,18 @@ def images_per_partition(geo: ConvGeometry, tile: int = 2, dtype_bytes: int = 4)
     return max(1, PARTITION_BYTES // per_image)
 
 
+def partition_images(geo: ConvGeometry, tile: int, batch: int, dtype_bytes: int = 4) -> int:
+    """Images per partition :func:`winograd_conv2d` takes for a batch of ``batch`` by default:
+    :func:`images_per_partition`, but no more than the backend's ``MAX_PARTITIONS`` partitions
+    (the whole batch where the backend's ``WINOGRAD_PARTITIONS`` is off: JAX)."""
+    if not B.WINOGRAD_PARTITIONS:
+        return max(1, batch)
+    images = images_per_partition(geo, tile, dtype_bytes)
+    if B.MAX_PARTITIONS:
+        images = max(images, -(-batch // B.MAX_PARTITIONS))
+    return images
+
+
 def _partitions(x, images: int, parts: int) -> List:
     """``x`` cut along the batch into partitions of ``images`` images (the last one the
     remainder), so that every partition but the last has the one shape the transforms were
@@ -607,8 +537,7 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
 
     The batch is transformed, multiplied and lifted ``images`` images at a time (CcT's batch
     partitioning, so that a partition's transformed data is still in cache when the next step
-    reads it; None: :func:`images_per_partition`, at most the backend's ``MAX_PARTITIONS``
-    partitions)."""
+    reads it; None: :func:`partition_images`)."""
     if not any(winograd_applies(geo, m) for m in TILE_KERNELS):
         raise ValueError(f"winograd_conv2d needs a {' or '.join(f'{k}x{k}' for k in KERNELS)} "
                          "kernel at stride 1 and dilation 1")
@@ -620,9 +549,7 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
     gg = np.kron(gm, gm)  # (nn, r*r): G g G^T for every (c, o) pair at once
     batch = x.shape[0] or geo.batch or 1
     if images is None:
-        images = images_per_partition(geo, tile, value_bytes(x.dtype))
-        if B.MAX_PARTITIONS:
-            images = max(images, -(-batch // B.MAX_PARTITIONS))
+        images = partition_images(geo, tile, batch, value_bytes(x.dtype))
     images = max(1, int(images))
     parts = -(-batch // images)
 

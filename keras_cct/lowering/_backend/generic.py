@@ -27,7 +27,10 @@ COMPILED: tuple = ()
 #: decides how many; None: no limit). Where one program is compiled for the whole step, each
 #: partition is another copy of the lowering and its GEMMs in that program.
 MAX_PARTITIONS: Optional[int] = None
-__all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "MAX_PARTITIONS", "NAME", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
+#: Whether Winograd's transforms and GEMMs run in batch partitions (sized to the cache:
+#: :func:`keras_cct.lowering.winograd.partition_images`) or on the whole batch at once.
+WINOGRAD_PARTITIONS = True
+__all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "MAX_PARTITIONS", "NAME", "WINOGRAD_PARTITIONS", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
            "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "sgd_step", "split_batch", "take_rows", "wait"]
 

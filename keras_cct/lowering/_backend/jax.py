@@ -40,6 +40,12 @@ LOWER_1X1 = True
 #: Xeon). VGG16's 112x112x64 3x3 layer at batch 8 (8 partitions) ran 347 / 331 / 377 ms
 #: as 8 / 4 / 1 partitions in bfloat16, 316 / 329 / 365 in float32.
 MAX_PARTITIONS = 4
+#: Winograd on the whole batch: XLA schedules a jitted step's transforms and GEMMs itself, and
+#: in partitions they ran no faster (CaffeNet's conv2-conv5 at batch 64, forward+backward, four
+#: partitions of 16 images against the whole batch, in two runs of ``python -m
+#: benchmarks.partitions``: 0.94-1.08x; 2-core AMD EPYC, AVX2), while each partition is
+#: another copy of the transforms for XLA to compile.
+WINOGRAD_PARTITIONS = False
 __all__ = generic.__all__
 
 
