@@ -13,6 +13,10 @@ from typing import Optional, Sequence, Tuple, Union
 
 from keras_cct.errors import LoweringError
 
+#: The batch size a convolution is planned for where its own is unknown (a model traced with
+#: an unknown batch, as Keras' ``fit`` traces it on TensorFlow): Keras' default ``batch_size``.
+PLAN_BATCH = 32
+
 PaddingArg = Union[str, int, Sequence[int], Sequence[Sequence[int]]]
 Pair = Tuple[int, int]
 

@@ -55,7 +55,7 @@ from keras_cct.lowering import _backend as B
 from keras_cct.lowering._backend.common import MAX_SPLIT_GROUPS
 from keras_cct.lowering.cost import Machine, cost, estimate_seconds
 from keras_cct.lowering.dispatch import available
-from keras_cct.lowering.geometry import ConvGeometry, conv_geometry
+from keras_cct.lowering.geometry import PLAN_BATCH, ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import interleaved_best, make_step
 
@@ -181,7 +181,7 @@ def choose_for(geo: ConvGeometry, *, mode: str = "model", dtype: str = "float32"
                batch: Optional[int] = None, machine: Machine = Machine(),
                bias: bool = False) -> str:
     """:func:`choose` for an already validated geometry."""
-    b = batch or geo.batch or 32
+    b = batch or geo.batch or PLAN_BATCH
     if mode == "model":
         cands = tuple(candidates) if candidates else LOWERED_TYPES
         bad = [c for c in cands if c not in LOWERED_TYPES]

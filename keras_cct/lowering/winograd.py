@@ -74,7 +74,7 @@ from keras import ops
 
 from keras_cct.lowering import _backend as B
 from keras_cct.lowering.cost import value_bytes
-from keras_cct.lowering.geometry import ConvGeometry
+from keras_cct.lowering.geometry import PLAN_BATCH, ConvGeometry
 from keras_cct.lowering.winograd_matrices import (KERNELS, TILE_KERNELS, _matrices,  # noqa: F401
                                                  winograd_applies)
 
@@ -537,7 +537,9 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
 
     The batch is transformed, multiplied and lifted ``images`` images at a time (CcT's batch
     partitioning, so that a partition's transformed data is still in cache when the next step
-    reads it; None: :func:`partition_images`)."""
+    reads it; None: :func:`partition_images`). Where the batch size is not static, as many
+    near-equal partitions as ``geo.batch`` images would take (where that is unknown too,
+    :data:`~keras_cct.lowering.geometry.PLAN_BATCH`)."""
     if not any(winograd_applies(geo, m) for m in TILE_KERNELS):
         raise ValueError(f"winograd_conv2d needs a {' or '.join(f'{k}x{k}' for k in KERNELS)} "
                          "kernel at stride 1 and dilation 1")
@@ -547,7 +549,7 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
      gemm, gemm_dv, gemm_du) = _transforms(t)
     cg, og, o = geo.cg, geo.og, geo.filters
     gg = np.kron(gm, gm)  # (nn, r*r): G g G^T for every (c, o) pair at once
-    batch = x.shape[0] or geo.batch or 1
+    batch = x.shape[0] or geo.batch or PLAN_BATCH
     if images is None:
         images = partition_images(geo, tile, batch, value_bytes(x.dtype))
     images = max(1, int(images))

@@ -204,13 +204,25 @@ def test_unknown_batch_tensorflow(jit_compile, tile):
             loss = tf.reduce_sum(y * d)
         return (y, *tape.gradient(loss, [a, b]))
 
+    unknown = conv_geometry((None,) + x.shape[1:], k.shape, padding=padding, groups=groups)
+
+    @tf.function(input_signature=step.input_signature, jit_compile=jit_compile)
+    def unplanned(a, b, d):  # no batch anywhere: 4 partitions (PLAN_BATCH 32, 8 images each)
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            y = winograd_conv2d(a, b, unknown, tile=tile, images=8)
+            loss = tf.reduce_sum(y * d)
+        return (y, *tape.gradient(loss, [a, b]))
+
     for n in (len(x), 1):
+        y3, dx3, dk3 = (to_numpy(t) for t in unplanned(x[:n], k, dy[:n]))
         y, dx, dk = (to_numpy(t) for t in step(x[:n], k, dy[:n]))
         y2, dx2, dk2 = (to_numpy(t) for t in partitioned(x[:n], k, dy[:n]))
         dx_ref, dk_ref, _ = ref.conv2d_grads(x[:n], k, dy[:n], padding=padding, groups=groups)
         assert ref.rel_err(y, ref.conv2d(x[:n], k, padding=padding, groups=groups)) < F64_TOL
         assert ref.rel_err(dx, dx_ref) < F64_TOL and ref.rel_err(dk, dk_ref) < F64_TOL
-        assert ref.rel_err(y2, y) < F64_TOL
+        assert ref.rel_err(y2, y) < F64_TOL and ref.rel_err(y3, y) < F64_TOL
+        assert ref.rel_err(dx3, dx_ref) < F64_TOL and ref.rel_err(dk3, dk_ref) < F64_TOL
         assert ref.rel_err(dx2, dx_ref) < F64_TOL and ref.rel_err(dk2, dk_ref) < F64_TOL
 
 
