@@ -23,7 +23,8 @@ one GEMM: a batched GEMM ``(n*n, tiles, c) x (n*n, c, o)``. Here, in Caffe con T
 
 The batch goes through these steps a partition at a time (CcT's batch partitioning, sized to
 the cache rather than to the GEMM): :func:`images_per_partition` images whose transformed data
-fits :data:`PARTITION_BYTES`. A whole batch's transformed data is far larger than the cache
+fits :data:`PARTITION_BYTES` (:func:`partition_images`; JAX, which compiles the whole step,
+runs the whole batch). A whole batch's transformed data is far larger than the cache
 (CaffeNet's conv3-conv5 at batch 128: 250-300 MB), and each step then reads its operands
 back from memory: forward+backward of CaffeNet's conv2-conv5 at batch 128 on TensorFlow (AMD
 EPYC, AVX2) took 3.2 s as one partition and 2.1 s as 8 of 16 images.
@@ -75,7 +76,7 @@ from keras import ops
 from keras_cct.lowering import _backend as B
 from keras_cct.lowering.cost import value_bytes
 from keras_cct.lowering.geometry import PLAN_BATCH, ConvGeometry
-from keras_cct.lowering.winograd_matrices import (KERNELS, TILE_KERNELS, _matrices,  # noqa: F401
+from keras_cct.lowering.winograd_matrices import (KERNELS, TILE_KERNELS, _matrices,
                                                  winograd_applies)
 
 
