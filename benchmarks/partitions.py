@@ -14,7 +14,7 @@ process per backend (:func:`benchmarks.common.spawn_config`).
 Run::
 
     python -m benchmarks.partitions [--backends tensorflow,torch,jax] [--layers caffenet]
-        [--batch 64] [--images 8,16,32] [--rounds 5] [--out docs/benchmarks] [--quick]
+        [--batch N] [--images 8,16,32] [--rounds 5] [--out docs/benchmarks] [--quick]
 
 ``--quick`` (the suite's smoke run): TensorFlow, CaffeNet's conv5 at batch 4, 1 and 2 images,
 two rounds.
@@ -43,6 +43,9 @@ LAYERS = {
                  "res5a_branch2b": (7, 512, 512, 1, 3, 1, 2)},
 }
 DEFAULT = "default"
+#: The batch each net's layers are timed at unless ``--batch`` says otherwise (the smallest of
+#: the nets chosen): the batches ``benchmarks.nets`` runs them at, CaffeNet's halved.
+BATCH = {"caffenet": 64, "vgg16": 8, "resnet50": 16}
 
 
 def _geometry(spec, batch: int):
@@ -95,7 +98,8 @@ def render(data: dict) -> str:
              f"{data['rounds']} interleaved rounds; each column a number of images per "
              "partition (the last partition holds the rest), the whole batch being one "
              "partition; **default**: `partition_images` (its size in brackets; on JAX "
-             "the whole batch), what the layers run. MB an image: the transformed data (V and M) of one image.", ""]
+             "the whole batch), what the layers run. MB an image: the transformed data (V and "
+             "M) of one image.", ""]
     sizes = [s for s in data["images"] if s <= data["batch"]]
     sizes = sizes + ([data["batch"]] if data["batch"] not in sizes else [])
     rows = []
@@ -152,7 +156,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--backends", default="tensorflow,torch,jax")
     parser.add_argument("--layers", default="caffenet",
                         help=f"nets whose layers to time ({', '.join(LAYERS)}), or layer names")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=None,
+                        help=f"images per step (default: {BATCH}, the smallest of the nets')")
     parser.add_argument("--images", default="1,2,4,8,16,32",
                         help="images per partition to time (the whole batch always is)")
     parser.add_argument("--rounds", type=int, default=5)
@@ -174,6 +179,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
         else:
             parser.error(f"--layers: unknown net or layer {item!r}; nets: {', '.join(LAYERS)}; "
                          f"layers: {', '.join(every)}")
+    if args.batch is None:
+        args.batch = min(BATCH[net] for net, layers in LAYERS.items() if set(layers) & set(specs))
     images = sorted({int(v) for v in args.images.split(",")} | {args.batch})
     from tqdm import tqdm
     t0 = time.perf_counter()
