@@ -84,9 +84,8 @@ def run_config(spec: dict) -> dict:
 # ------------------------------------------------------------------------------ the report
 
 def _bytes_per_image(spec) -> float:
-    side, c, o, g, k, pad, tile = spec
-    n, across = tile + k - 1, -(-(side + 2 * pad - k + 1) // tile)
-    return n * n * across * across * (c + o) * 4
+    from keras_cct.lowering.winograd import transformed_bytes_per_image
+    return transformed_bytes_per_image(_geometry(spec, 1), spec[-1])
 
 
 def render(data: dict) -> str:

@@ -499,13 +499,18 @@ def _transforms(t: _Tiling) -> Tuple:
 
 # ------------------------------------------------------------------ the convolution
 
+def transformed_bytes_per_image(geo: ConvGeometry, tile: int = 2, dtype_bytes: int = 4) -> int:
+    """Bytes of one image's transformed data: the GEMMs' operand ``V`` and product ``M``,
+    ``n*n*th*tw*(c + o)`` values."""
+    t = _Tiling(geo, tile)
+    return t.nn * t.th * t.tw * (geo.channels + geo.filters) * dtype_bytes
+
+
 def images_per_partition(geo: ConvGeometry, tile: int = 2, dtype_bytes: int = 4) -> int:
     """Images per batch partition of :func:`winograd_conv2d`: as many whole images as keep one
-    partition's transformed data, the GEMMs' operand ``V`` and product ``M`` (``n*n*th*tw*(c +
-    o)`` values per image), within :data:`PARTITION_BYTES` (at least one image)."""
-    t = _Tiling(geo, tile)
-    per_image = t.nn * t.th * t.tw * (geo.channels + geo.filters) * dtype_bytes
-    return max(1, PARTITION_BYTES // per_image)
+    partition's transformed data (:func:`transformed_bytes_per_image`) within
+    :data:`PARTITION_BYTES` (at least one image)."""
+    return max(1, PARTITION_BYTES // transformed_bytes_per_image(geo, tile, dtype_bytes))
 
 
 def partition_images(geo: ConvGeometry, tile: int, batch: int, dtype_bytes: int = 4) -> int:
