@@ -11,6 +11,8 @@ Every module offers the same names:
   ``tf.linalg.matmul(transpose_a=True)`` reads it in place): ``matmul``, ``matmul_tn``,
   ``matmul_nt``, ``bmm``;
 * ``add_n``, ``take_rows``, ``split_batch``, ``segment_sum``;
+* ``map_batch``: a function over a batch a partition at a time, its results concatenated or
+  summed (TensorFlow: a loop in the graph where the batch size is not static);
 * ``fused``: a function of tensors in the form the backend runs as one piece (TensorFlow: one
   XLA cluster; 16-bit floats computed in float32 on TensorFlow and JAX), for Winograd's
   transforms;

@@ -31,7 +31,7 @@ MAX_PARTITIONS: Optional[int] = None
 #: :func:`keras_cct.lowering.winograd.partition_images`) or on the whole batch at once.
 WINOGRAD_PARTITIONS = True
 __all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "MAX_PARTITIONS", "NAME", "WINOGRAD_PARTITIONS", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
-           "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "matmul", "matmul_nt", "matmul_tn", "native_conv",
+           "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "map_batch", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "sgd_step", "split_batch", "take_rows", "wait"]
 
 
@@ -112,6 +112,20 @@ def split_batch(x, parts: int, unit: int = 1) -> List:
         return [x]
     bounds = common.batch_bounds(x, parts, unit)
     return [x[bounds[i]:bounds[i + 1]] for i in range(parts)]
+
+
+def map_batch(fn: Callable, tensors: List, images: int):
+    """``fn`` over the batch of ``tensors`` (all of one batch size, along axis 0) a partition at
+    a time: ``ceil(n / images)`` contiguous, near-equal partitions (at most ``images`` images
+    each). ``fn(*pieces) -> (batched, summed)``, two lists of tensors; returns ``batched``
+    concatenated along axis 0 and ``summed`` added up over the partitions. Here the batch size
+    must be static (a loop in Python); TensorFlow's form loops in the graph where it is not."""
+    n = tensors[0].shape[0]
+    parts = max(1, -(-n // max(1, images)))
+    outs = [fn(*piece) for piece in zip(*(split_batch(t, parts) for t in tensors))]
+    batched = [ops.concatenate([o[0][i] for o in outs], axis=0) if parts > 1 else outs[0][0][i]
+               for i in range(len(outs[0][0]))]
+    return batched, [add_n([o[1][i] for o in outs]) for i in range(len(outs[0][1]))]
 
 
 def segment_sum(data, segment_ids, num_segments: int):
