@@ -53,13 +53,14 @@ from keras_cct._system import cpu_name, physical_memory
 from keras_cct.errors import LoweringError, PlannerCacheWarning
 from keras_cct.lowering import _backend as B
 from keras_cct.lowering._backend.common import MAX_SPLIT_GROUPS
-from keras_cct.lowering.cost import Machine, cost, estimate_seconds
-from keras_cct.lowering.dispatch import available
+from keras_cct.lowering.cost import Machine, cost, estimate_seconds, value_bytes
+from keras_cct.lowering.dispatch import WINOGRAD_TILE, available
 from keras_cct.lowering.geometry import PLAN_BATCH, ConvGeometry, conv_geometry
 from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import interleaved_best, make_step
+from keras_cct.lowering.winograd import partition_images
 
-CACHE_VERSION = 23  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 24  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
@@ -81,7 +82,8 @@ CACHE_VERSION = 23  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   a 1x1 Type 1 at stride 1 is a reshape (no gather); 21: JAX's native runs
 #                   one-row and one-column kernels as one-dimensional convolutions;
 #                   22: batch partitions count a bfloat16 value at 2 bytes (were 4);
-#                   23: Winograd in batch partitions (faster at large batches)
+#                   23: Winograd in batch partitions (faster at large batches); 24: a race
+#                   above the layer's batch's limit in whole Winograd partitions
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
@@ -229,7 +231,8 @@ def confirm_batch(geo: ConvGeometry, batch: int) -> int:
     return max(auto_batch(geo, batch), min(batch, int(CONFIRM_FLOPS_PER_CALL // per_image)))
 
 
-def race_batch(geo: ConvGeometry, batch: int, shortlist: Sequence[str]) -> int:
+def race_batch(geo: ConvGeometry, batch: int, shortlist: Sequence[str],
+               dtype: str = "float32") -> int:
     """Images ``mode="auto"`` times ``shortlist`` at: :func:`auto_batch`; but where the shortlist
     holds a lowering the backend compiles per input shape, in pieces the layer then runs itself
     (``COMPILED`` of :mod:`keras_cct.lowering._backend`: Winograd's XLA clusters on
@@ -237,12 +240,20 @@ def race_batch(geo: ConvGeometry, batch: int, shortlist: Sequence[str]) -> int:
     :func:`confirm_batch`), and no second race: a race at a few images, its confirmation and
     the layer's first call each compiled the clusters again (CaffeNet conv3-conv5 in float32,
     TF, batch 32: 31 compilations, 11.3 s, where one race at the layer's batch compiles 16, in
-    6.1 s, and the layer none)."""
+    6.1 s, and the layer none). :func:`confirm_batch` is rounded to whole batch partitions of
+    the first Winograd candidate (:func:`~keras_cct.lowering.winograd.partition_images`), so
+    that the race compiles the partitions the layer runs and no remainder of its own (CaffeNet
+    conv5 at batch 128 raced 53 images, 16 + 16 + 16 + 5, and now 48)."""
     if not any(c in B.COMPILED for c in shortlist):
         return auto_batch(geo, batch)
     if 3 * geo.flops(batch) <= COMPILED_FLOPS_PER_CALL:
         return batch
-    return confirm_batch(geo, batch)
+    images = confirm_batch(geo, batch)
+    tiles = [WINOGRAD_TILE[c] for c in shortlist if c in WINOGRAD_TILE]
+    if not tiles:
+        return images
+    part = partition_images(geo, tiles[0], batch, value_bytes(dtype))
+    return images if part >= batch else min(batch, max(1, round(images / part)) * part)
 
 
 def _keep_native(times: Dict[str, float]) -> str:
@@ -274,7 +285,7 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
         return hit["choice"]
     order = auto_order(geo, shortlist)
     start = time.perf_counter()
-    small = race_batch(geo, batch, order)
+    small = race_batch(geo, batch, order, dtype)
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
                            min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,
@@ -282,7 +293,7 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times,
              "not_timed": [c for c in order if c not in times]}
-    big = confirm_batch(geo, batch)
+    big = small if any(c in B.COMPILED for c in order) else confirm_batch(geo, batch)
     rival = min((c for c in times if c != "native"), key=times.get, default=None)
     if rival is not None and "native" in times and big > small and \
             _close(times["native"], times[rival]):

@@ -169,14 +169,28 @@ def test_auto_mode_keeps_native_unless_another_is_clearly_faster(cache_dir, monk
     assert choose(shape, kernel, padding=2, mode="auto", batch=64) == "type1"
 
 
+def _winograd_partitions(monkeypatch):
+    """Winograd in cache-sized batch partitions (TensorFlow's; JAX runs the whole batch)."""
+    monkeypatch.setattr(planner.B, "WINOGRAD_PARTITIONS", True)
+    monkeypatch.setattr(planner.B, "MAX_PARTITIONS", None)
+
+
 def test_race_batch_is_the_layers_own_where_a_candidate_is_compiled(monkeypatch):
     conv3 = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    _winograd_partitions(monkeypatch)
     monkeypatch.setattr(planner.B, "COMPILED", ("winograd", "winograd4"))
     assert planner.race_batch(conv3, 32, ("native", "winograd")) == 32   # 29 GFLOP f+b
     assert planner.race_batch(conv3, 8, ("native", "winograd4")) == 8
-    # 115 GFLOP at 128 images: the (smaller) confirmation batch, a single race still
-    assert planner.race_batch(conv3, 128, ("native", "winograd")) == \
-        planner.confirm_batch(conv3, 128) < 128
+    # 115 GFLOP at 128 images: the (smaller) confirmation batch, 26 images, a single race
+    # still, rounded to whole Winograd partitions: 16 images of 2.0 MB (16*49*(256+384)*4
+    # bytes) in 32 MB, so 2 of them
+    assert planner.confirm_batch(conv3, 128) == 26
+    assert planner.race_batch(conv3, 128, ("native", "winograd")) == 32
+    conv5 = conv_geometry((None, 13, 13, 384), (3, 3, 192, 256), padding=1, groups=2)
+    assert planner.confirm_batch(conv5, 128) == 53   # 16 + 16 + 16 + 5 before
+    assert planner.race_batch(conv5, 128, ("native", "winograd")) == 48
+    monkeypatch.setattr(planner.B, "WINOGRAD_PARTITIONS", False)  # one partition: not rounded
+    assert planner.race_batch(conv5, 128, ("native", "winograd")) == 53
     # nothing compiled on the shortlist: the few images of auto_batch
     assert planner.race_batch(conv3, 32, ("native", "type1")) == planner.auto_batch(conv3, 32)
     monkeypatch.setattr(planner.B, "COMPILED", ())
@@ -196,12 +210,20 @@ def test_auto_order_takes_f4x4_first_on_large_planes():
 def test_auto_mode_races_compiled_candidates_once_at_the_layers_batch(cache_dir, monkeypatch):
     """Where Winograd is compiled per shape (TensorFlow's XLA clusters), a close race is not
     timed again at another batch: each batch would compile the clusters again."""
+    _winograd_partitions(monkeypatch)
     monkeypatch.setattr(planner.B, "COMPILED", ("winograd", "winograd4"))
     timed = _fake_timer(monkeypatch, {"native": 1.0, "winograd": 0.9, "winograd4": 2.0,
                                       "type1": 2.0, "type2": 2.0, "type3": 2.0})
     assert choose((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2, mode="auto",
                   batch=32) == "winograd"
     assert timed and all(b == 32 for _, b in timed)
+    assert len([low for low, _ in timed if low == "native"]) == 1
+    # above the limit (conv5 at 128): 48 images (3 Winograd partitions), no second race at the
+    # confirmation batch (53) either
+    timed.clear()
+    assert choose((None, 13, 13, 384), (3, 3, 192, 256), padding=1, groups=2, mode="auto",
+                  batch=128) == "winograd"
+    assert timed and all(b == 48 for _, b in timed)
     assert len([low for low, _ in timed if low == "native"]) == 1
 
 
