@@ -83,7 +83,7 @@ CACHE_VERSION = 24  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   one-row and one-column kernels as one-dimensional convolutions;
 #                   22: batch partitions count a bfloat16 value at 2 bytes (were 4);
 #                   23: Winograd in batch partitions (faster at large batches); 24: a race
-#                   above the layer's batch's limit in whole Winograd partitions
+#                   with Winograd partitions at the fewest whole ones (race_batch)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
@@ -236,24 +236,29 @@ def race_batch(geo: ConvGeometry, batch: int, shortlist: Sequence[str],
     """Images ``mode="auto"`` times ``shortlist`` at: :func:`auto_batch`; but where the shortlist
     holds a lowering the backend compiles per input shape, in pieces the layer then runs itself
     (``COMPILED`` of :mod:`keras_cct.lowering._backend`: Winograd's XLA clusters on
-    TensorFlow), the layer's own ``batch`` (or, above :data:`COMPILED_FLOPS_PER_CALL`,
-    :func:`confirm_batch`), and no second race: a race at a few images, its confirmation and
-    the layer's first call each compiled the clusters again (CaffeNet conv3-conv5 in float32,
-    TF, batch 32: 31 compilations, 11.3 s, where one race at the layer's batch compiles 16, in
-    6.1 s, and the layer none). :func:`confirm_batch` is rounded to whole batch partitions of
-    the first Winograd candidate (:func:`~keras_cct.lowering.winograd.partition_images`), so
-    that the race compiles the partitions the layer runs and no remainder of its own (CaffeNet
-    conv5 at batch 128 raced 53 images, 16 + 16 + 16 + 5, and now 48)."""
+    TensorFlow), images the layer's own call compiles nothing new for, and no second race: a
+    race at a few images, its confirmation and the layer's first call each compiled the
+    clusters again (CaffeNet conv3-conv5 in float32, TF, batch 32: 31 compilations, 11.3 s,
+    where one race at the layer's batch compiles 16, in 6.1 s, and the layer none).
+
+    Where Winograd runs in batch partitions (:func:`~keras_cct.lowering.winograd.
+    partition_images`, fewer images than ``batch``), that is the fewest whole partitions of the
+    first Winograd candidate holding :func:`auto_batch` images: the layer runs that partition
+    shape, and time per partition is what it repeats (CaffeNet conv3-conv5 on TF in float32,
+    the first ``train_on_batch`` of a process with an empty cache, ``benchmarks.first_step``:
+    18.0 -> 14.2 s at batch 32, 19.6 -> 15.5 s at 128, the same picks; VGG16 at batch 8 and
+    ResNet-50 at 16, ``benchmarks.nets``: 71.5 -> 52.9 s of planning over 29 shapes, the same
+    Winograd picks, on a 2-core AMD EPYC). Otherwise the layer's own ``batch`` (above
+    :data:`COMPILED_FLOPS_PER_CALL`, :func:`confirm_batch`)."""
     if not any(c in B.COMPILED for c in shortlist):
         return auto_batch(geo, batch)
+    tiles = [WINOGRAD_TILE[c] for c in shortlist if c in WINOGRAD_TILE]
+    part = partition_images(geo, tiles[0], batch, value_bytes(dtype)) if tiles else batch
+    if part < batch:
+        return min(batch, -(-auto_batch(geo, batch) // part) * part)
     if 3 * geo.flops(batch) <= COMPILED_FLOPS_PER_CALL:
         return batch
-    images = confirm_batch(geo, batch)
-    tiles = [WINOGRAD_TILE[c] for c in shortlist if c in WINOGRAD_TILE]
-    if not tiles:
-        return images
-    part = partition_images(geo, tiles[0], batch, value_bytes(dtype))
-    return images if part >= batch else min(batch, max(1, round(images / part)) * part)
+    return confirm_batch(geo, batch)
 
 
 def _keep_native(times: Dict[str, float]) -> str:

@@ -175,22 +175,31 @@ def _winograd_partitions(monkeypatch):
     monkeypatch.setattr(planner.B, "MAX_PARTITIONS", None)
 
 
-def test_race_batch_is_the_layers_own_where_a_candidate_is_compiled(monkeypatch):
+def test_race_batch_where_a_candidate_is_compiled(monkeypatch):
     conv3 = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    conv5 = conv_geometry((None, 13, 13, 384), (3, 3, 192, 256), padding=1, groups=2)
     _winograd_partitions(monkeypatch)
     monkeypatch.setattr(planner.B, "COMPILED", ("winograd", "winograd4"))
-    assert planner.race_batch(conv3, 32, ("native", "winograd")) == 32   # 29 GFLOP f+b
-    assert planner.race_batch(conv3, 8, ("native", "winograd4")) == 8
-    # 115 GFLOP at 128 images: the (smaller) confirmation batch, 26 images, a single race
-    # still, rounded to whole Winograd partitions: 16 images of 2.0 MB (16*49*(256+384)*4
-    # bytes) in 32 MB, so 2 of them
-    assert planner.confirm_batch(conv3, 128) == 26
-    assert planner.race_batch(conv3, 128, ("native", "winograd")) == 32
-    conv5 = conv_geometry((None, 13, 13, 384), (3, 3, 192, 256), padding=1, groups=2)
-    assert planner.confirm_batch(conv5, 128) == 53   # 16 + 16 + 16 + 5 before
-    assert planner.race_batch(conv5, 128, ("native", "winograd")) == 48
-    monkeypatch.setattr(planner.B, "WINOGRAD_PARTITIONS", False)  # one partition: not rounded
-    assert planner.race_batch(conv5, 128, ("native", "winograd")) == 53
+    # Winograd in partitions: the fewest whole ones holding auto_batch's images. F(2x2) on
+    # 13x13: 16 images of 2.0 MB (16*49*(256+384)*4 bytes) in 32 MB; auto_batch 6 (conv3) and
+    # 13 (conv5): one partition, at batch 32 and at 128
+    assert planner.auto_batch(conv3, 32) == 6 and planner.auto_batch(conv5, 128) == 13
+    assert planner.race_batch(conv3, 32, ("native", "winograd")) == 16
+    assert planner.race_batch(conv3, 128, ("native", "winograd")) == 16
+    assert planner.race_batch(conv5, 128, ("native", "winograd")) == 16
+    # F(4x4) first: 36*16*640*4 bytes an image, 22 images a partition
+    assert planner.race_batch(conv3, 32, ("native", "winograd4", "winograd")) == 22
+    # one image a partition (VGG16's conv3_1 at batch 8): auto_batch's 1
+    vgg = conv_geometry((None, 56, 56, 128), (3, 3, 128, 256), padding=1)
+    assert planner.race_batch(vgg, 8, ("native", "winograd")) == 1
+    # a batch inside one partition: the layer's batch (7 GFLOP f+b)
+    assert planner.race_batch(conv3, 8, ("native", "winograd")) == 8
+    # no partitions: the layer's batch (29 GFLOP f+b at 32); above 48 GFLOP (115 at 128) the
+    # smaller confirmation batch, a single race still
+    monkeypatch.setattr(planner.B, "WINOGRAD_PARTITIONS", False)
+    assert planner.race_batch(conv3, 32, ("native", "winograd")) == 32
+    assert planner.race_batch(conv3, 128, ("native", "winograd")) == \
+        planner.confirm_batch(conv3, 128) == 26
     # nothing compiled on the shortlist: the few images of auto_batch
     assert planner.race_batch(conv3, 32, ("native", "type1")) == planner.auto_batch(conv3, 32)
     monkeypatch.setattr(planner.B, "COMPILED", ())
@@ -207,7 +216,7 @@ def test_auto_order_takes_f4x4_first_on_large_planes():
     assert planner.auto_order(caffenet, ("native", "type2")) == ["native", "type2"]
 
 
-def test_auto_mode_races_compiled_candidates_once_at_the_layers_batch(cache_dir, monkeypatch):
+def test_auto_mode_races_compiled_candidates_once(cache_dir, monkeypatch):
     """Where Winograd is compiled per shape (TensorFlow's XLA clusters), a close race is not
     timed again at another batch: each batch would compile the clusters again."""
     _winograd_partitions(monkeypatch)
@@ -216,14 +225,15 @@ def test_auto_mode_races_compiled_candidates_once_at_the_layers_batch(cache_dir,
                                       "type1": 2.0, "type2": 2.0, "type3": 2.0})
     assert choose((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2, mode="auto",
                   batch=32) == "winograd"
-    assert timed and all(b == 32 for _, b in timed)
+    # one Winograd partition (13 images of 2.4 MB: auto_batch's 8 images, and a close race): no
+    # second race at the confirmation batch (26) either
+    assert timed and all(b == 13 for _, b in timed)
     assert len([low for low, _ in timed if low == "native"]) == 1
-    # above the limit (conv5 at 128): 48 images (3 Winograd partitions), no second race at the
-    # confirmation batch (53) either
     timed.clear()
+    monkeypatch.setattr(planner.B, "WINOGRAD_PARTITIONS", False)  # the layer's batch
     assert choose((None, 13, 13, 384), (3, 3, 192, 256), padding=1, groups=2, mode="auto",
-                  batch=128) == "winograd"
-    assert timed and all(b == 48 for _, b in timed)
+                  batch=32) == "winograd"
+    assert timed and all(b == 32 for _, b in timed)
     assert len([low for low, _ in timed if low == "native"]) == 1
 
 
