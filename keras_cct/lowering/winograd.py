@@ -541,10 +541,10 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
     The batch is transformed, multiplied and lifted ``images`` images at a time (CcT's batch
     partitioning, so that a partition's transformed data is still in cache when the next step
     reads it; None: :func:`partition_images`). Where the batch size is not static (TensorFlow's
-    ``fit``), the backend's ``map_batch`` loops over as many near-equal partitions as the batch
-    takes, and the backward transforms each partition's input again rather than keep the
-    whole batch's (TensorFlow, CaffeNet conv2-conv5 forward+backward at batch 32 and 128:
-    0.90-1.06x the time of keeping it)."""
+    ``fit``), the backend's ``map_batch`` loops over the batch's partitions (of about
+    ``images`` images, sized there), and the backward transforms each partition's input again
+    rather than keep the whole batch's (TensorFlow, CaffeNet conv2-conv5 forward+backward at
+    batch 32 and 128: 0.90-1.06x the time of keeping it)."""
     if not any(winograd_applies(geo, m) for m in TILE_KERNELS):
         raise ValueError(f"winograd_conv2d needs a {' or '.join(f'{k}x{k}' for k in KERNELS)} "
                          "kernel at stride 1 and dilation 1")
