@@ -22,12 +22,11 @@ one GEMM: a batched GEMM ``(n*n, tiles, c) x (n*n, c, o)``. Here, in Caffe con T
   interleave of the m*m results to ``(b, m*th, m*tw, o)``, cropped to the output size.
 
 The batch goes through these steps a partition at a time (CcT's batch partitioning, sized to
-the cache rather than to the GEMM): :func:`images_per_partition` images whose transformed data
-fits :data:`PARTITION_BYTES` (:func:`partition_images`; JAX, which compiles the whole step,
-runs the whole batch). A whole batch's transformed data is far larger than the cache
-(CaffeNet's conv3-conv5 at batch 128: 250-300 MB), and each step then reads its operands
-back from memory: forward+backward of CaffeNet's conv2-conv5 at batch 128 on TensorFlow (AMD
-EPYC, AVX2) took 3.2 s as one partition and 2.1 s as 8 of 16 images.
+the cache rather than to the GEMM): about :func:`images_per_partition` images, whose data fits
+:data:`PARTITION_BYTES` (:func:`partition_images`: a near divisor of the batch; JAX, which
+compiles the whole step, runs the whole batch). A whole batch's data is read back from memory
+at every step (CaffeNet's conv3-conv5 at batch 128: 250-300 MB): forward+backward of
+conv2-conv5 there on TensorFlow (AMD EPYC, AVX2) took 3.2 s as one partition, 2.1 s as 8.
 
 The gradients are written out (as :func:`keras_cct.lowering.engine.lowered_conv2d` does): the
 output gradient goes through the adjoint of the lifting (``A dY A^T``, a lowering of ``dy``),
@@ -41,9 +40,8 @@ The four data transforms go through the backend's ``fused`` (:mod:`keras_cct.low
 on TensorFlow each is one XLA cluster, compiled once per shape, so that its slices and additions
 make few passes over memory instead of one per op (CaffeNet conv3, forward+backward at batch 32
 in float32, F(2x2) / F(4x4): 52 / 52 ms as separate ops, 40 / 36 as clusters, against 52-56 for
-oneDNN's direct convolution);
-in 16-bit floats (TensorFlow and JAX) the transforms compute in float32 and only the GEMMs' operands
-are rounded back. How many passes XLA's CPU compiler makes follows its fusion rules: it stores a
+oneDNN's direct convolution); in 16-bit floats (TensorFlow and JAX) the transforms compute in
+float32 and only the GEMMs' operands are rounded back. How many passes XLA's CPU compiler makes follows its fusion rules: it stores a
 value read along more than 15 index paths, a stack of more than 8 tensors and a concatenation
 along the last axis. So F(2x2)'s transforms read their leaves straight from one (padded) input,
 stack at most n tensors at a time, put channel groups side by side as a stack and a reshape,
@@ -74,6 +72,7 @@ import numpy as np
 from keras import ops
 
 from keras_cct.lowering import _backend as B
+from keras_cct.lowering._backend.common import partition_size
 from keras_cct.lowering.cost import value_bytes
 from keras_cct.lowering.geometry import PLAN_BATCH, ConvGeometry
 from keras_cct.lowering.winograd_matrices import (KERNELS, TILE_KERNELS, _matrices,
@@ -513,9 +512,8 @@ def images_per_partition(geo: ConvGeometry, tile: int = 2, dtype_bytes: int = 4)
     return max(1, PARTITION_BYTES // transformed_bytes_per_image(geo, tile, dtype_bytes))
 
 
-def partition_images(geo: ConvGeometry, tile: int, batch: int, dtype_bytes: int = 4) -> int:
-    """Images per partition :func:`winograd_conv2d` takes for a batch of ``batch`` by default:
-    :func:`images_per_partition`, but no more than the backend's ``MAX_PARTITIONS`` partitions
+def partition_target(geo: ConvGeometry, tile: int, batch: int, dtype_bytes: int = 4) -> int:
+    """Images a partition aims at: :func:`images_per_partition`, in at most ``MAX_PARTITIONS``
     (the whole batch where the backend's ``WINOGRAD_PARTITIONS`` is off: JAX)."""
     if not B.WINOGRAD_PARTITIONS:
         return max(1, batch)
@@ -525,10 +523,16 @@ def partition_images(geo: ConvGeometry, tile: int, batch: int, dtype_bytes: int 
     return images
 
 
+def partition_images(geo: ConvGeometry, tile: int, batch: int, dtype_bytes: int = 4) -> int:
+    """Images per partition :func:`winograd_conv2d` takes for ``batch`` by default: a near
+    divisor of it (:func:`~keras_cct.lowering._backend.common.partition_size`) aiming at
+    :func:`partition_target`: one shape, the planner's race's (CaffeNet conv4 at batch 32:
+    16 + 16, where 13 + 13 + 6 compiled the transforms twice)."""
+    return partition_size(batch, partition_target(geo, tile, batch, dtype_bytes))
+
+
 def _partitions(x, images: int) -> List:
-    """``x`` (a static batch) cut along the batch into partitions of ``images`` images (the
-    last one the remainder), so that every partition but the last has the one shape the
-    transforms were compiled for."""
+    """``x`` (a static batch) in partitions of ``images`` images, the last the remainder."""
     return [x[i:i + images] for i in range(0, x.shape[0], images)]
 
 
@@ -540,9 +544,11 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
 
     The batch is transformed, multiplied and lifted ``images`` images at a time (CcT's batch
     partitioning, so that a partition's transformed data is still in cache when the next step
-    reads it; None: :func:`partition_images`). Where the batch size is not static (TensorFlow's
-    ``fit``), the backend's ``map_batch`` loops over the batch's partitions (of about
-    ``images`` images, sized there), and the backward transforms each partition's input again
+    reads it; None: :func:`partition_images`; the last partition the remainder where
+    ``images`` does not divide the batch). Where the batch size is not static (TensorFlow's
+    ``fit``), the backend's ``map_batch`` loops over the batch's partitions (sized there by
+    the rule of :func:`partition_images`, aiming at ``images`` or :func:`partition_target`),
+    and the backward transforms each partition's input again
     rather than keep the whole batch's (TensorFlow, CaffeNet conv2-conv5 forward+backward at
     batch 32 and 128: 0.90-1.06x the time of keeping it)."""
     if not any(winograd_applies(geo, m) for m in TILE_KERNELS):
@@ -554,9 +560,10 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
      gemm, gemm_dv, gemm_du) = _transforms(t)
     cg, og, o = geo.cg, geo.og, geo.filters
     gg = np.kron(gm, gm)  # (nn, r*r): G g G^T for every (c, o) pair at once
-    if images is None:
-        images = partition_images(geo, tile, x.shape[0] or geo.batch or PLAN_BATCH,
-                                  value_bytes(x.dtype))
+    n = x.shape[0]
+    if images is None:  # a static batch: partition_images; an unknown one: sized in the loop
+        sizer = partition_images if n is not None else partition_target
+        images = sizer(geo, tile, n or geo.batch or PLAN_BATCH, value_bytes(x.dtype))
     images = max(1, int(images))
 
     def kernel_transform(k):  # (r, r, cg, o) -> (nn, cg, o): one small GEMM
@@ -578,7 +585,7 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
 
     def forward(x, kernel):
         us = _groups(kernel_transform(kernel), geo.groups, og)
-        if x.shape[0] is None:  # a loop in the graph; the backward transforms x again
+        if n is None:  # a loop in the graph; the backward transforms x again
             (y,), _ = B.map_batch(lambda xq: ([lift(xq, us)[0]], []), [x], images)
             return y, (None, x, us)
         ys, saved = [], []

@@ -187,8 +187,15 @@ def test_race_batch_where_a_candidate_is_compiled(monkeypatch):
     assert planner.race_batch(conv3, 32, ("native", "winograd")) == 16
     assert planner.race_batch(conv3, 128, ("native", "winograd")) == 16
     assert planner.race_batch(conv5, 128, ("native", "winograd")) == 16
-    # F(4x4) first: 36*16*640*4 bytes an image, 22 images a partition
-    assert planner.race_batch(conv3, 32, ("native", "winograd4", "winograd")) == 22
+    # F(4x4) first: 36*16*640*4 bytes an image, 22 images aimed at; the divisor of 32 nearest
+    # by ratio is 16 (1.375 where 32 is 1.45), the partition the layer runs
+    assert planner.race_batch(conv3, 32, ("native", "winograd4", "winograd")) == 16
+    # conv4: 2.4 MB an image (16*49*768*4), 13 aimed at; of the divisors, 16 for 32 and 128
+    # (1.23 by ratio, 8 1.63), 12 for 48 (1.08), 13 for 39; auto_batch's 8 images take one
+    conv4 = conv_geometry((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2)
+    assert planner.auto_batch(conv4, 32) == 8
+    for batch, race in ((32, 16), (128, 16), (48, 12), (39, 13)):
+        assert planner.race_batch(conv4, batch, ("native", "winograd")) == race
     # one image a partition (VGG16's conv3_1 at batch 8): auto_batch's 1
     vgg = conv_geometry((None, 56, 56, 128), (3, 3, 128, 256), padding=1)
     assert planner.race_batch(vgg, 8, ("native", "winograd")) == 1
@@ -225,9 +232,9 @@ def test_auto_mode_races_compiled_candidates_once(cache_dir, monkeypatch):
                                       "type1": 2.0, "type2": 2.0, "type3": 2.0})
     assert choose((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2, mode="auto",
                   batch=32) == "winograd"
-    # one Winograd partition (13 images of 2.4 MB: auto_batch's 8 images, and a close race): no
-    # second race at the confirmation batch (26) either
-    assert timed and all(b == 13 for _, b in timed)
+    # one Winograd partition (13 images of 2.4 MB aimed at, 16 of the batch's 32: auto_batch's
+    # 8 images, and a close race): no second race at the confirmation batch (26) either
+    assert timed and all(b == 16 for _, b in timed)
     assert len([low for low, _ in timed if low == "native"]) == 1
     timed.clear()
     monkeypatch.setattr(planner.B, "WINOGRAD_PARTITIONS", False)  # the layer's batch

@@ -179,12 +179,13 @@ def test_bfloat16_keeps_dtype():
 def test_unknown_batch_tensorflow(jit_compile, tile):
     """TensorFlow traces with an unknown batch size (also under XLA): forward and gradients,
     at two batch sizes through the one trace, also a loop over batch partitions (``map_batch``),
-    one with an image of zeros padding the last partition (5 images by 4)."""
+    one with an image of zeros padding the last partition (7 images by 4)."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("only TensorFlow traces with an unknown batch")
     import tensorflow as tf
     x, k, dy, geo, padding, groups = _case("asym_groups2")
-    x, dy = np.concatenate([x, 0.5 * x[:2]]), np.concatenate([dy, -dy[1:]])  # 5 images
+    x = np.concatenate([x, 0.5 * x[:2], -x[1:]])  # 7 images
+    dy = np.concatenate([dy, -dy[1:], 0.5 * dy[:2]])
 
     @tf.function(input_signature=[tf.TensorSpec((None,) + x.shape[1:], tf.float64),
                                   tf.TensorSpec(k.shape, tf.float64),
@@ -208,14 +209,14 @@ def test_unknown_batch_tensorflow(jit_compile, tile):
     unknown = conv_geometry((None,) + x.shape[1:], k.shape, padding=padding, groups=groups)
 
     @tf.function(input_signature=step.input_signature, jit_compile=jit_compile)
-    def unplanned(a, b, d):  # no batch anywhere; at batch 5, 2 partitions of 3, one padded
+    def unplanned(a, b, d):  # no batch anywhere; at batch 7, 2 partitions of 4, one padded
         with tf.GradientTape() as tape:
             tape.watch([a, b])
             y = winograd_conv2d(a, b, unknown, tile=tile, images=4)
             loss = tf.reduce_sum(y * d)
         return (y, *tape.gradient(loss, [a, b]))
 
-    for n in (5, 3, 1):
+    for n in (7, 3, 1):
         y3, dx3, dk3 = (to_numpy(t) for t in unplanned(x[:n], k, dy[:n]))
         y, dx, dk = (to_numpy(t) for t in step(x[:n], k, dy[:n]))
         y2, dx2, dk2 = (to_numpy(t) for t in partitioned(x[:n], k, dy[:n]))

@@ -116,13 +116,15 @@ def split_batch(x, parts: int, unit: int = 1) -> List:
 
 def map_batch(fn: Callable, tensors: List, images: int):
     """``fn`` over the batch of ``tensors`` (all of one batch size, along axis 0) a partition at
-    a time: ``ceil(n / images)`` contiguous, near-equal partitions (at most ``images`` images
-    each). ``fn(*pieces) -> (batched, summed)``, two lists of tensors; returns ``batched``
+    a time: contiguous partitions of :func:`~keras_cct.lowering._backend.common.partition_size`
+    images (aiming at ``images``; the last one the remainder where that size does not divide
+    the batch). ``fn(*pieces) -> (batched, summed)``, two lists of tensors; returns ``batched``
     concatenated along axis 0 and ``summed`` added up over the partitions. Here the batch size
     must be static (a loop in Python); TensorFlow's form loops in the graph where it is not."""
     n = tensors[0].shape[0]
-    parts = max(1, -(-n // max(1, images)))
-    outs = [fn(*piece) for piece in zip(*(split_batch(t, parts) for t in tensors))]
+    size = common.partition_size(n, images)
+    outs = [fn(*(t[i:i + size] for t in tensors)) for i in range(0, n, size)]
+    parts = len(outs)
     batched = [ops.concatenate([o[0][i] for o in outs], axis=0) if parts > 1 else outs[0][0][i]
                for i in range(len(outs[0][0]))]
     return batched, [add_n([o[1][i] for o in outs]) for i in range(len(outs[0][1]))]

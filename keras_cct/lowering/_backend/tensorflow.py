@@ -282,16 +282,20 @@ LOOP_PARALLEL = 2
 
 
 def _partition_size(n, images: int):
-    """Images per partition of :func:`map_batch` for a batch of ``n`` (a scalar tensor): the
-    largest divisor of ``n`` from ``images / 2`` to ``images``, so that no partition is padded;
-    where there is none, ``ceil(n / ceil(n / images))`` (near-equal partitions, the last one
-    padded). Padding copies both the inputs and the results (CaffeNet conv4 at batch 128,
-    forward+backward: 588 ms in partitions of 13 with two images of zeros, 549 in the static
-    batch's 13s)."""
-    sizes = tf.range(max(1, images // 2), images + 1)
-    exact = tf.reduce_max(tf.where(tf.equal(n % sizes, 0), sizes, 0))
-    near = (n + images - 1) // images
-    return tf.where(exact > 0, exact, (n + near - 1) // tf.maximum(near, 1))
+    """:func:`~keras_cct.lowering._backend.common.partition_size` for a batch of ``n`` (a
+    scalar tensor), in the graph: the same integers, so a loop's partitions have the size the
+    planner's race compiled."""
+    lo, hi = common.partition_bounds(images)
+    images = max(1, int(images))
+    scale = common.PARTITION_KEY_SCALE
+    sizes = tf.range(lo, hi + 1, dtype=tf.int64)
+    n64 = tf.cast(n, tf.int64)
+    key = tf.maximum(images * scale // sizes, sizes * scale // images)
+    fits = tf.logical_and(tf.equal(n64 % sizes, 0), sizes <= n64)
+    best = tf.gather(sizes, tf.argmin(tf.where(fits, key, tf.int64.max)))
+    near = tf.maximum((n64 + images - 1) // images, 1)
+    size = tf.where(tf.reduce_any(fits), best, tf.maximum((n64 + near - 1) // near, 1))
+    return tf.cast(size, n.dtype)
 
 
 def map_batch(fn: Callable, tensors: List, images: int):
@@ -299,7 +303,9 @@ def map_batch(fn: Callable, tensors: List, images: int):
     (Keras' ``fit`` traces its step so), one ``tf.while_loop`` over partitions of one size
     (:func:`_partition_size`; one shape for every partition, which XLA's loops need), the
     tensors zero-padded to a whole number of them where that size does not divide the batch
-    (``fn``'s ``summed`` outputs must not change with images of zeros)."""
+    (``fn``'s ``summed`` outputs must not change with images of zeros). Padding copies both
+    the inputs and the results (CaffeNet conv4 at batch 128, forward+backward: 588 ms in
+    partitions of 13 with two images of zeros, 549 in the static batch's 13s)."""
     if tensors[0].shape[0] is not None:
         return generic.map_batch(fn, tensors, images)
     n = tf.shape(tensors[0])[0]
