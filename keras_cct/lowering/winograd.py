@@ -36,17 +36,18 @@ n x n tiles as padded additions) the input's. Every step is a handful of slices 
 written with ``keras.ops``, so it runs on TensorFlow (also under XLA), JAX and PyTorch, for any
 (also unknown) batch size, in the input's dtype (bfloat16 included).
 
-The four data transforms go through the backend's ``fused`` (:mod:`keras_cct.lowering._backend`):
-on TensorFlow each is one XLA cluster, compiled once per shape, so that its slices and additions
-make few passes over memory instead of one per op (CaffeNet conv3, forward+backward at batch 32
-in float32, F(2x2) / F(4x4): 52 / 52 ms as separate ops, 40 / 36 as clusters, against 52-56 for
-oneDNN's direct convolution); in 16-bit floats (TensorFlow and JAX) the transforms compute in
-float32 and only the GEMMs' operands are rounded back. How many passes XLA's CPU compiler makes follows its fusion rules: it stores a
+The four data transforms go through the backend's ``fused``
+(:mod:`keras_cct.lowering._backend`): on TensorFlow each is one XLA cluster, compiled once per
+shape, so that its slices and additions make few passes over memory instead of one per op
+(CaffeNet conv3, forward+backward at batch 32 in float32, F(2x2) / F(4x4): 52 / 52 ms as
+separate ops, 40 / 36 as clusters, against 52-56 for oneDNN's direct convolution); in 16-bit
+floats (TensorFlow and JAX) the transforms compute in float32 and only the GEMMs' operands are
+rounded back. How many passes XLA's CPU compiler makes follows its fusion rules: it stores a
 value read along more than 15 index paths, a stack of more than 8 tensors and a concatenation
 along the last axis. So F(2x2)'s transforms read their leaves straight from one (padded) input,
-stack at most n tensors at a time, put channel groups side by side as a stack and a reshape,
-and the lifting takes its GEMM results one tensor per tile position (otherwise the conversion of
-the whole 16-bit result to float32 was a pass of its own): at batch 32 the four transforms of
+stack at most n tensors at a time, put channel groups side by side as a stack and a reshape, and
+the lifting takes its GEMM results one tensor per tile position (otherwise the conversion of the
+whole 16-bit result to float32 was a pass of its own): at batch 32 the four transforms of
 CaffeNet conv4 took 16.2 -> 10.0 ms in bfloat16 and 13.6 -> 11.2 in float32, the layer's
 forward+backward 27.4 -> 23.2 and 46.4 -> 44.0 ms (oneDNN's direct convolution 29.0 / 54.1).
 
@@ -59,14 +60,14 @@ use ``tile=2`` for bfloat16. (Errors against a float64 convolution of CaffeNet's
 batch 8, TensorFlow.)
 
 On PyTorch (eager) the transforms write their results in place into a tile-major layout and the
-batched GEMMs are grouped 1x1 convolutions (see :func:`_torch_transforms`).
+batched GEMMs are grouped 1x1 convolutions (see :func:`~keras_cct.lowering.winograd_torch.torch_transforms`).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from keras import ops
@@ -77,6 +78,7 @@ from keras_cct.lowering.cost import value_bytes
 from keras_cct.lowering.geometry import PLAN_BATCH, ConvGeometry
 from keras_cct.lowering.winograd_matrices import (KERNELS, TILE_KERNELS, _matrices,
                                                  winograd_applies)
+from keras_cct.lowering.winograd_torch import torch_transforms
 
 
 #: Bytes of transformed data (the GEMMs' operand ``V`` and product ``M``, every channel group)
@@ -198,123 +200,6 @@ def _join(parts: Sequence):
     y = ops.stack(list(parts), axis=-2)
     shape = _shape(y)
     return ops.reshape(y, shape[:-2] + [shape[-2] * shape[-1]])
-
-
-# ------------------------------------------------------------------ PyTorch: in place
-
-def _apply(pieces: Sequence, mat: np.ndarray, outs: Sequence, accumulate: bool = False):
-    """PyTorch: ``outs[i] (+)= sum_j mat[i, j] * pieces[j]``, written into the (possibly strided)
-    views ``outs`` of a preallocated tensor: no stacking copy and one fused multiply-add
-    (``add_(p, alpha=c)``) per term."""
-    import torch
-    for row, out in zip(mat, outs):
-        terms = sorted(((float(c), p) for c, p in zip(row, pieces) if c != 0),
-                       key=lambda t: t[0] != 1)
-        if not accumulate:
-            (c0, p0), terms = terms[0], terms[1:]
-            if c0 == 1 and terms:
-                (c1, p1), terms = terms[0], terms[1:]
-                torch.add(p0, p1, alpha=c1, out=out)
-            elif c0 == 1:
-                out.copy_(p0)
-            else:
-                torch.mul(p0, c0, out=out)
-        for c, p in terms:
-            out.add_(p, alpha=c)
-
-
-def _torch_transforms(t: "_Tiling"):
-    """PyTorch's data transforms and GEMMs for :func:`winograd_conv2d` (eager execution): the
-    same arithmetic, every result written in place into its final layout, and the data kept
-    tile-major, ``(b, th, tw, n*n, c)``, which *is* a channels-last ``(b, n*n*c, th, tw)``
-    image: the batched GEMMs are then grouped 1x1 convolutions (``groups = n*n``), which
-    PyTorch runs on oneDNN (its batched matmul, MKL, measured about 1.1-1.3x slower
-    on an AMD EPYC)."""
-    import torch
-    import torch.nn.functional as F
-    geo, m, n, nn, th, tw = t.geo, t.m, t.n, t.nn, t.th, t.tw
-    bt, _, at = _matrices(m, t.r)
-    hp, wp = m * (th + t.spare), m * (tw + t.spare)
-    (pt, _), (pl, _) = geo.pad
-
-    def tiles(v, axis, count):  # views: element i of every tile along axis
-        shape = list(v.shape)
-        view = v.reshape(shape[:axis] + [count + t.spare, m] + shape[axis + 1:])
-        idx = [slice(None)] * (len(shape) + 1)
-        out = []
-        for i in range(n):
-            idx[axis], idx[axis + 1] = slice(i // m, i // m + count), i % m
-            out.append(view[tuple(idx)])
-        return out
-
-    def image(v):  # (b, th, tw, n, n, c) -> channels-last (b, n*n*c, th, tw) view
-        return v.reshape(v.shape[0], th, tw, -1).permute(0, 3, 1, 2)
-
-    def tiled(v):  # the inverse of image
-        return v.permute(0, 2, 3, 1).reshape(v.shape[0], th, tw, n, n, -1)
-
-    def rows_of(v):  # (b, th, tw, nn, c) as the GEMMs' (nn, b*th*tw, c), a strided view
-        return v.reshape(-1, nn, v.shape[-1]).transpose(0, 1)
-
-    def input_transform(xg):  # -> (b, th, tw, n_h, n_w, c)
-        xp = ops.pad(xg, t.pads)
-        b, c = xp.shape[0], xp.shape[-1]
-        rows = xp.new_empty((n, b, th, wp, c))
-        _apply(tiles(xp, 1, th), bt, list(rows))
-        v = xp.new_empty((b, th, tw, n, n, c))
-        vt = v.permute(3, 0, 1, 2, 4, 5)  # (n_h, b, th, tw, n_w, c)
-        _apply(tiles(rows, 3, tw), bt, [vt[..., j, :] for j in range(n)])
-        return v
-
-    def input_adjoint(dv):
-        b, c = dv.shape[0], dv.shape[-1]
-        dvt = dv.permute(3, 0, 1, 2, 4, 5)
-        rows = dv.new_zeros((n, b, th, wp, c))
-        _apply([dvt[..., j, :] for j in range(n)], bt.T, tiles(rows, 3, tw), accumulate=True)
-        dxp = dv.new_zeros((b, hp, wp, c))
-        _apply(list(rows), bt.T, tiles(dxp, 1, th), accumulate=True)
-        return dxp[:, pt:pt + geo.in_h, pl:pl + geo.in_w, :]
-
-    def output_transform(mm):  # (b, th, tw, n_h, n_w, o) -> (b, out_h, out_w, o)
-        b, o = mm.shape[0], mm.shape[-1]
-        rows = mm.new_empty((m, b, th, tw, n, o))
-        _apply([mm[:, :, :, a] for a in range(n)], at, list(rows))
-        y = mm.new_empty((b, th, m, tw, m, o))
-        for i in range(m):
-            _apply([rows[i][:, :, :, k] for k in range(n)], at, [y[:, :, i, :, j] for j in range(m)])
-        return y.reshape(b, m * th, m * tw, o)[:, :geo.out_h, :geo.out_w, :]
-
-    def output_adjoint(dy):  # -> (b, th, tw, n_h, n_w, o)
-        b, o = dy.shape[0], dy.shape[-1]
-        if (m * th, m * tw) != (geo.out_h, geo.out_w):
-            padded = dy.new_zeros((b, m * th, m * tw, o))
-            padded[:, :geo.out_h, :geo.out_w].copy_(dy)
-            dy = padded
-        dy = dy.reshape(b, th, m, tw, m, o)
-        cols = dy.new_empty((n, b, th, m, tw, o))
-        _apply([dy[:, :, :, :, j] for j in range(m)], at.T, list(cols))
-        dm = dy.new_empty((b, th, tw, n, n, o))
-        _apply([cols[:, :, :, i] for i in range(m)], at.T, list(dm.permute(3, 4, 0, 1, 2, 5)))
-        return dm
-
-    def gemm(v, u):  # V (b, th, tw, n, n, c) times U (nn, c, o), per tile position
-        w = u.permute(0, 2, 1).reshape(-1, u.shape[1], 1, 1)
-        return tiled(F.conv2d(image(v), w, groups=nn))
-
-    def gemm_dv(dm, u):  # dM U^T
-        return tiled(F.conv2d(image(dm), u.reshape(-1, u.shape[2], 1, 1), groups=nn))
-
-    def gemm_du(v, dm):  # V^T dM: (nn, c, o)
-        return torch.bmm(rows_of(v).transpose(1, 2), rows_of(dm))
-
-    def per_group(fn, width):  # a whole tensor's groups, one at a time
-        return lambda a: [fn(p) for p in _groups(a, geo.groups, width)]
-
-    def joined(fn):  # every group's result, concatenated along the channels
-        return lambda parts: _concat([fn(p) for p in parts])
-
-    return (per_group(input_transform, geo.cg), joined(input_adjoint), joined(output_transform),
-            per_group(output_adjoint, geo.og), gemm, gemm_dv, gemm_du)
 
 
 # ------------------------------------------------------------------ keras.ops: fused per backend
@@ -458,6 +343,16 @@ def _output_adjoint(t: _Tiling, dy) -> List:
     return out
 
 
+def _per_group(fn, groups: int, width: int):
+    """``fn`` on each channel group of a whole tensor, one at a time (PyTorch's transforms)."""
+    return lambda a: [fn(p) for p in _groups(a, groups, width)]
+
+
+def _joined(fn):
+    """``fn`` on each group's tensor, the results concatenated along the channels."""
+    return lambda parts: _concat([fn(p) for p in parts])
+
+
 def _unstacked(lift):
     """``lift`` given each group's ``(nn, ...)`` GEMM result as a list of ``nn`` tensors (the
     compiled function stays reachable as ``.fused``)."""
@@ -474,21 +369,45 @@ def _unstacked(lift):
 BATCH_AXES = {4: 0, 3: 1, 2: 0}
 
 
+def _side(t: _Tiling, output: bool) -> _Tiling:
+    """``t`` with only what one side's transforms read: the input's (the input transform and
+    its adjoint: no output channels) or the output's (the lifting and its adjoint: no input
+    size, padding or channels), and no batch; layers alike on that side share its compiled
+    clusters (CaffeNet's conv4 and conv5 the input's, VGG16's conv3_1 and conv3_2 the
+    output's: two XLA compilations fewer each)."""
+    g = t.geo
+    if output:
+        return _Tiling(replace(g, batch=None, in_h=0, in_w=0, channels=g.groups,
+                               pad=((0, 0), (0, 0))), t.tile)
+    return _Tiling(replace(g, batch=None, filters=g.groups), t.tile)
+
+
+@functools.lru_cache(maxsize=512)
+def _fused(f: Callable, t: _Tiling) -> Callable:
+    """The transform ``f`` of ``t`` through the backend's ``fused`` (made once per tiling)."""
+    return B.fused(functools.partial(f, t), BATCH_AXES, key=repr((f.__name__, t)))
+
+
 @functools.lru_cache(maxsize=256)
 def _transforms(t: _Tiling) -> Tuple:
     """``(input_transform, input_adjoint, output_transform, output_adjoint, gemm, gemm_dv,
     gemm_du)`` for ``t``: the ``keras.ops`` transforms, each passed through the backend's
-    ``fused`` (on TensorFlow one XLA cluster each, made once per tiling), and batched GEMMs;
-    on PyTorch the in-place forms of :func:`_torch_transforms`. F(2x2)'s lifting gets its GEMM
+    ``fused`` (on TensorFlow one XLA cluster each, made once per tiling of its side:
+    :func:`_side`), and batched GEMMs; on PyTorch the in-place forms of
+    :mod:`keras_cct.lowering.winograd_torch`, a group at a time. F(2x2)'s lifting gets its GEMM
     results unstacked (one tensor per tile position; on TensorFlow views, no copy): from one
     16-bit tensor, XLA converted the whole of it to float32 in a pass of its own before the
     lifting (CaffeNet conv4 at batch 32 in bfloat16: 3.6-5.1 ms one tensor, 1.9-2.1 ms
     unstacked)."""
     if B.NAME == "torch":
-        return _torch_transforms(t)
-    fused = tuple(B.fused(functools.partial(f, t), BATCH_AXES, key=repr((f.__name__, t)))
-                  for f in (_input_transform, _input_adjoint, _output_transform,
-                            _output_adjoint))
+        (input_transform, input_adjoint, output_transform, output_adjoint,
+         *gemms) = torch_transforms(t)
+        geo = t.geo
+        return (_per_group(input_transform, geo.groups, geo.cg), _joined(input_adjoint),
+                _joined(output_transform), _per_group(output_adjoint, geo.groups, geo.og),
+                *gemms)
+    fused = tuple(_fused(f, _side(t, output=i >= 2)) for i, f in enumerate(
+        (_input_transform, _input_adjoint, _output_transform, _output_adjoint)))
     if t.one_pass:  # the lifting takes each tile position's GEMM result as its own tensor
         fused = fused[:2] + (_unstacked(fused[2]),) + fused[3:]
     return fused + (B.bmm,

@@ -159,6 +159,32 @@ def test_images_per_partition():
     assert images_per_partition(big, 2) == 1
 
 
+def test_layers_alike_on_one_side_share_its_transforms():
+    """The compiled transforms are made per side (:func:`_side`): CaffeNet's conv4 and conv5
+    (one input, 384 or 256 filters) share the input transform and its adjoint, not the lifting;
+    VGG16's conv3_1 and conv3_2 (128 or 256 channels in, one output) the lifting and its
+    adjoint, not the input's; other padding (another output size) shares neither. The batch
+    is no part of it. (Their results: the tests above, every case through these tilings.)"""
+    if keras.backend.backend() == "torch":
+        pytest.skip("PyTorch's transforms are not compiled")
+    from keras_cct.lowering.winograd import _Tiling, _transforms
+
+    def sides(xs, ks, padding=1, groups=1):
+        fns = _transforms(_Tiling(conv_geometry(xs, ks, padding=padding, groups=groups), 2))
+        return fns[:2], (fns[2].fused, fns[3])
+
+    conv4 = sides((32, 13, 13, 384), (3, 3, 192, 384), groups=2)
+    conv5 = sides((16, 13, 13, 384), (3, 3, 192, 256), groups=2)
+    assert all(a is b for a, b in zip(conv4[0], conv5[0]))
+    assert not any(a is b for a, b in zip(conv4[1], conv5[1]))
+    conv3_1 = sides((8, 56, 56, 128), (3, 3, 128, 256))
+    conv3_2 = sides((None, 56, 56, 256), (3, 3, 256, 256))
+    assert all(a is b for a, b in zip(conv3_1[1], conv3_2[1]))
+    assert not any(a is b for a, b in zip(conv3_1[0], conv3_2[0]))
+    valid = sides((None, 56, 56, 256), (3, 3, 256, 256), padding=0)
+    assert not any(a is b for a, b in zip(valid[0] + valid[1], conv3_2[0] + conv3_2[1]))
+
+
 def test_bfloat16_keeps_dtype():
     x, k, dy, geo, padding, groups = _case("asym_groups2", np.float32)
     y_ref = ref.conv2d(x, k, padding=padding, groups=groups)
