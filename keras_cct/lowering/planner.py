@@ -16,7 +16,8 @@ Three modes:
   smaller than the layer's, the two are timed again at a larger batch (:func:`confirm_batch`;
   rankings at 4 images and at 32 can differ). Where a candidate is compiled per shape in
   pieces the layer reuses (TensorFlow's Winograd), one race at the layer's own batch instead
-  (:func:`race_batch`). The
+  (:func:`race_batch`), a close one given as many rounds again on its warm steps
+  (``again_if_close`` of :func:`time_lowerings`). The
   planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
   the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
   on disk, so only the first use of a shape pays for the race: about a second, more where
@@ -60,7 +61,7 @@ from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import interleaved_best, make_step
 from keras_cct.lowering.winograd import partition_images
 
-CACHE_VERSION = 24  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 25  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
@@ -83,7 +84,9 @@ CACHE_VERSION = 24  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   one-row and one-column kernels as one-dimensional convolutions;
 #                   22: batch partitions count a bfloat16 value at 2 bytes (were 4);
 #                   23: Winograd in batch partitions (faster at large batches); 24: a race
-#                   with Winograd partitions at the fewest whole ones (race_batch)
+#                   with Winograd partitions at the fewest whole ones (race_batch); 25:
+#                   partitions of one size (a near divisor of the batch); a close compiled
+#                   race timed again, warm
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
@@ -269,6 +272,11 @@ def _keep_native(times: Dict[str, float]) -> str:
     return best
 
 
+def _rival(times: Dict[str, float]) -> Optional[str]:
+    """The fastest of ``times`` but ``"native"`` (None if there is none)."""
+    return min((c for c in times if c != "native"), key=times.get, default=None)
+
+
 def _close(a: float, b: float) -> bool:
     """Whether two timings are within :data:`CONFIRM_BELOW` of each other."""
     return max(a, b) < CONFIRM_BELOW * min(a, b)
@@ -294,12 +302,14 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
                            min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,
-                           drop_behind=AUTO_DROP_BEHIND)
+                           drop_behind=AUTO_DROP_BEHIND,
+                           again_if_close=any(c in B.COMPILED for c in order))
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times,
              "not_timed": [c for c in order if c not in times]}
-    big = small if any(c in B.COMPILED for c in order) else confirm_batch(geo, batch)
-    rival = min((c for c in times if c != "native"), key=times.get, default=None)
+    compiled = any(c in B.COMPILED for c in order)
+    big = small if compiled else confirm_batch(geo, batch)
+    rival = _rival(times)
     if rival is not None and "native" in times and big > small and \
             _close(times["native"], times[rival]):
         again = time_lowerings(geo, ("native", rival), batch=big, dtype=dtype,
@@ -433,7 +443,8 @@ def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 
                    dtype: str = "float32", training: bool = True, repeats: int = 3,
                    budget_s: Optional[float] = None, min_timed_s: float = 0.0,
                    max_rounds: int = 0, bias: bool = False,
-                   drop_behind: Optional[float] = None) -> Dict[str, float]:
+                   drop_behind: Optional[float] = None,
+                   again_if_close: bool = False) -> Dict[str, float]:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of each of ``lowerings``
     on ``geo``, on the current Keras backend: one warm-up call each, then ``repeats`` rounds
     in which each is timed once, the order rotated every round (side by side, so that a burst
@@ -444,19 +455,24 @@ def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 
     ``lowerings``' order). ``bias``: each step adds a bias and differentiates it too. With
     ``drop_behind``, a candidate whose best time is more than that factor behind the fastest
     one's after a round is timed no more (its best so far is returned), and the rounds end
-    when one is left."""
+    when one is left. With ``again_if_close``, where ``"native"`` and the fastest other are
+    within :data:`CONFIRM_BELOW` of each other after that, the two get as many rounds again,
+    warm (nothing traced or compiled again), and the best of all rounds counts: a race of
+    three rounds just after the compilation can rank a clear winner behind (CaffeNet conv4,
+    TF, 16 images, 2-core AMD EPYC: ``"native"`` kept, 96 ms against F(2x2)'s 101, where ten
+    interleaved rounds of the warm steps take 76 and 54)."""
     import concurrent.futures
     # A layer may be built while TF traces a function (its graph and paused gradient tapes are
     # thread-local): time on a fresh thread, which starts in plain eager mode.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(_time_lowerings, geo, tuple(lowerings), batch, dtype, training,
                            repeats, budget_s, min_timed_s, max_rounds, bias,
-                           drop_behind).result()
+                           drop_behind, again_if_close).result()
 
 
 def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
                     min_timed_s=0.0, max_rounds=0, bias=False,
-                    drop_behind=None) -> Dict[str, float]:
+                    drop_behind=None, again_if_close=False) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
@@ -470,5 +486,12 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
         # The first candidate's compilation is what the layer costs without keras_cct too (a
         # model with keras Conv2D compiles its convolution): the budget counts from there.
         start = time.perf_counter() if start is None else start
-    return interleaved_best(steps, repeats, min_timed_s=min_timed_s, max_rounds=max_rounds,
+    best = interleaved_best(steps, repeats, min_timed_s=min_timed_s, max_rounds=max_rounds,
                             drop_behind=drop_behind)
+    rival = _rival(best)
+    if again_if_close and rival is not None and "native" in best and \
+            _close(best["native"], best[rival]):
+        again = interleaved_best({c: steps[c] for c in ("native", rival)}, repeats,
+                                 min_timed_s=min_timed_s, max_rounds=max_rounds)
+        best.update({c: min(best[c], t) for c, t in again.items()})
+    return best

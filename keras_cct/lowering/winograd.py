@@ -60,7 +60,7 @@ use ``tile=2`` for bfloat16. (Errors against a float64 convolution of CaffeNet's
 batch 8, TensorFlow.)
 
 On PyTorch (eager) the transforms write their results in place into a tile-major layout and the
-batched GEMMs are grouped 1x1 convolutions (see :func:`~keras_cct.lowering.winograd_torch.torch_transforms`).
+batched GEMMs are grouped 1x1 convolutions (:mod:`keras_cct.lowering.winograd_torch`).
 """
 
 from __future__ import annotations

@@ -244,6 +244,44 @@ def test_auto_mode_races_compiled_candidates_once(cache_dir, monkeypatch):
     assert len([low for low, _ in timed if low == "native"]) == 1
 
 
+def test_a_close_race_is_timed_again_warm(cache_dir, monkeypatch):
+    """``again_if_close``: native and the fastest other within CONFIRM_BELOW get a second set
+    of rounds on the steps already made (nothing traced again), the best of both counting;
+    far apart, or without it, no second set."""
+    made, rounds = [], []
+    monkeypatch.setattr(planner, "make_step",
+                        lambda geo, low, *a, **k: made.append(low) or (lambda: None))
+
+    def scripted(*answers):
+        it = iter(answers)
+
+        def fake(steps, repeats, **kw):
+            rounds.append(tuple(steps))
+            return dict(next(it))
+        monkeypatch.setattr(planner, "interleaved_best", fake)
+
+    geo = conv_geometry((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2)
+    lows = ("native", "winograd", "type2")
+    scripted({"native": 1.0, "winograd": 1.1, "type2": 3.0}, {"native": 0.9, "winograd": 0.6})
+    times = planner.time_lowerings(geo, lows, batch=2, again_if_close=True)
+    assert made == list(lows) and rounds == [lows, ("native", "winograd")]
+    assert times == {"native": 0.9, "winograd": 0.6, "type2": 3.0}
+    for again, first in ((True, {"native": 1.0, "winograd": 0.5}), (False, {"native": 1.0,
+                                                                             "winograd": 0.9})):
+        made.clear(), rounds.clear()
+        scripted(first)
+        assert planner.time_lowerings(geo, lows[:2], batch=2, again_if_close=again) == first
+        assert rounds == [lows[:2]]
+    # mode="auto" asks for it where a candidate is compiled (its clusters), not otherwise
+    asked = []
+    monkeypatch.setattr(planner, "time_lowerings", lambda geo, lows, **kw: asked.append(
+        kw.get("again_if_close")) or {low: 1.0 for low in lows})
+    for compiled, batch in ((("winograd",), 32), ((), 16)):  # two batches: two cache keys
+        monkeypatch.setattr(planner.B, "COMPILED", compiled)
+        planner._auto_choice(geo, ("native", "winograd"), "float32", True, batch)
+    assert asked[:2] == [True, False]  # (uncompiled, the close race then confirmed at 16)
+
+
 def test_auto_mode_times_a_close_winner_again_at_a_larger_batch(cache_dir, monkeypatch):
     monkeypatch.setattr(planner.B, "COMPILED", ())  # the backend's Winograd not compiled
     geo = conv_geometry((None, 56, 56, 64), (3, 3, 64, 128), padding=1)
