@@ -299,15 +299,14 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     order = auto_order(geo, shortlist)
     start = time.perf_counter()
     small = race_batch(geo, batch, order, dtype)
+    compiled = any(c in B.COMPILED for c in order)
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
                            min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,
-                           drop_behind=AUTO_DROP_BEHIND,
-                           again_if_close=any(c in B.COMPILED for c in order))
+                           drop_behind=AUTO_DROP_BEHIND, again_if_close=compiled)
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times,
              "not_timed": [c for c in order if c not in times]}
-    compiled = any(c in B.COMPILED for c in order)
     big = small if compiled else confirm_batch(geo, batch)
     rival = _rival(times)
     if rival is not None and "native" in times and big > small and \

@@ -96,7 +96,9 @@ from keras_cct.lowering.winograd_torch import torch_transforms
 #: conv5 (2.0)                   2.8 2.4 2.3 2.9 / 2.4 (16)     3.0 2.8 2.7 3.5 / 2.9 (16)
 #: ============================  =============================  =============================
 #:
-#: (JAX runs the whole batch: ``WINOGRAD_PARTITIONS`` of its backend module.) On TensorFlow
+#: (The defaults in brackets aimed at that many images; a partition now takes a near divisor
+#: of the batch, :func:`partition_images`: conv4's 16 at batch 64. JAX runs the whole batch:
+#: ``WINOGRAD_PARTITIONS`` of its backend module.) On TensorFlow
 #: at batch 16, by 1 / 2 / 4 / 8 / 16 images (an earlier form, split around the whole
 #: convolution): VGG16's conv3_1 (19 MB an image) 27.7 / 28.1 / 33.5 / 36.6 / 40.4, conv4_2
 #: (12.8 MB) 48.3 / 39.6 / 41.0 / 45.8 / 52.8, ResNet-50's 7x7x512 layer (1 MB) 16.9 / 11.0 /
