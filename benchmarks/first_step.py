@@ -8,7 +8,10 @@ The model: CaffeNet's conv3-conv5 (13x13x256 in, batch 32: its 3x3 layers, where
 costs most: Winograd is compiled), each with a ReLU, then global average pooling and a
 Dense(10), SGD, random data. Each process builds one model, times its first
 ``train_on_batch`` (tracing, compiling and, for HybridConv2D, planning included) and the best
-of five more (the steady step). HybridConv2D's processes share one cache folder, empty at the
+of five more (the steady step); with ``--fit``, ``model.fit`` instead, on a model whose batch
+size is not fixed (Keras' ``fit`` then traces its step with an unknown batch, and HybridConv2D
+runs Winograd's partitions in a loop): the first ``fit`` of one batch, then the fastest step
+of a ``fit`` of five batches. HybridConv2D's processes share one cache folder, empty at the
 start (``KERAS_CCT_CACHE_DIR``): the first plans, later ones read what it wrote. Each keras
 Conv2D process runs right before the HybridConv2D process of the same index, with an empty
 cache folder of its own and keras_cct's XLA caches off (``KERAS_CCT_XLA_CACHE=0``: JAX's
@@ -17,7 +20,7 @@ persistent compilation cache is off unless a user turns it on).
 Run::
 
     python -m benchmarks.first_step [--backends tensorflow,jax,torch] [--dtypes float32,bfloat16]
-        [--processes 4] [--batch 32] [--out docs/benchmarks] [--quick]
+        [--processes 4] [--batch 32] [--fit] [--out docs/benchmarks] [--quick]
 
 ``--quick`` (the suite's smoke run): TensorFlow, float32, two processes at batch 8.
 
@@ -47,8 +50,9 @@ STEADY_STEPS = 5
 
 # ------------------------------------------------------------------------------ one process
 
-def build(kind: str, batch: int):
-    """CaffeNet conv3-conv5 with keras Conv2D or HybridConv2D, compiled for training."""
+def build(kind: str, batch: Optional[int]):
+    """CaffeNet conv3-conv5 with keras Conv2D or HybridConv2D, compiled for training (``batch``
+    None: a model whose batch size is not fixed)."""
     import keras
     from keras_cct import HybridConv2D
     conv = HybridConv2D if kind == "hybrid" else keras.layers.Conv2D
@@ -75,9 +79,47 @@ def _cache_files() -> Dict[str, int]:
     return {"plans": plans, "xla_executables": xla}
 
 
+def _step_timer(seconds: List[float]):
+    """A Keras callback appending the seconds of each training step of a ``fit`` to
+    ``seconds``."""
+    import keras
+
+    class StepTimer(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            seconds.append(time.perf_counter() - self.t0)
+    return StepTimer()
+
+
+def _steps(model, x, y, fit: bool):
+    """The first training step's seconds and the fastest of :data:`STEADY_STEPS` more, and the
+    last loss: ``train_on_batch`` calls, or with ``fit`` a ``model.fit`` of one batch and one
+    of :data:`STEADY_STEPS` batches (timed per step by a callback)."""
+    batch = len(x)
+    t0 = time.perf_counter()
+    if not fit:
+        model.train_on_batch(x, y)
+        first = time.perf_counter() - t0
+        steady = float("inf")
+        for _ in range(STEADY_STEPS):
+            t0 = time.perf_counter()
+            loss = model.train_on_batch(x, y)
+            steady = min(steady, time.perf_counter() - t0)
+        return first, steady, loss
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+    first = time.perf_counter() - t0
+    seconds: List[float] = []
+    xs, ys = np.concatenate([x] * STEADY_STEPS), np.concatenate([y] * STEADY_STEPS)
+    hist = model.fit(xs, ys, batch_size=batch, epochs=1, verbose=0, shuffle=False,
+                     callbacks=[_step_timer(seconds)])
+    return first, min(seconds), hist.history["loss"][-1]
+
+
 def run_config(spec: dict) -> dict:
-    """One process: ``spec`` = ``{"kind", "batch", "dtype"}``; the first step's and the steady
-    step's seconds, and for HybridConv2D its picks and the cache's growth."""
+    """One process: ``spec`` = ``{"kind", "batch", "dtype", "fit"}``; the first step's and the
+    steady step's seconds, and for HybridConv2D its picks and the cache's growth."""
     import keras
     if spec["dtype"] == "bfloat16":
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
@@ -85,15 +127,9 @@ def run_config(spec: dict) -> dict:
     x = rng.standard_normal((spec["batch"],) + INPUT, dtype=np.float32)
     y = rng.integers(0, 10, spec["batch"])
     before = _cache_files()
-    model = build(spec["kind"], spec["batch"])
-    t0 = time.perf_counter()
-    model.train_on_batch(x, y)
-    first = time.perf_counter() - t0
-    steady = float("inf")
-    for _ in range(STEADY_STEPS):
-        t0 = time.perf_counter()
-        loss = model.train_on_batch(x, y)
-        steady = min(steady, time.perf_counter() - t0)
+    fit = bool(spec.get("fit"))
+    model = build(spec["kind"], None if fit else spec["batch"])
+    first, steady, loss = _steps(model, x, y, fit)
     after = _cache_files()
     out = {"kind": spec["kind"], "first_s": first, "steady_s": steady,
            "loss": float(np.asarray(loss).reshape(-1)[0])}
@@ -112,8 +148,14 @@ def render(data: dict) -> str:
              machine_line(data["machine"]), "",
              "Model: CaffeNet conv3-conv5 (13x13x256 in, batch "
              f"{data['batch']}), ReLU, global average pooling, Dense(10), SGD. Each row is one "
-             "process: its first `train_on_batch` (tracing, compiling and HybridConv2D's "
-             "planning included) and the best of five more. HybridConv2D's processes share "
+             "process: " + (
+                 "its first `model.fit` of one batch, the model's batch size not fixed "
+                 "(traced with an unknown batch, as `fit` traces it; tracing, compiling and "
+                 "HybridConv2D's planning included), and the fastest step of a `fit` of five "
+                 "batches (timed by a callback)." if data.get("fit") else
+                 "its first `train_on_batch` (tracing, compiling and HybridConv2D's "
+                 "planning included) and the best of five more.") +
+             " HybridConv2D's processes share "
              "one cache folder, empty before process 1; each keras Conv2D process runs just "
              "before the HybridConv2D process of the same index, keras_cct's XLA caches off. "
              "new plans / new XLA "
@@ -170,6 +212,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--fit", action="store_true",
+                        help="train by model.fit on a model of unknown batch size")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--quick", action="store_true",
@@ -196,7 +240,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
                         try:
                             run[kind].append(spawn_config(
                                 "benchmarks.first_step",
-                                {"kind": kind, "batch": args.batch, "dtype": dtype},
+                                {"kind": kind, "batch": args.batch, "dtype": dtype,
+                                 "fit": args.fit},
                                 backend=backend, timeout=args.timeout,
                                 env={"KERAS_CCT_CACHE_DIR": own, **(
                                     {} if kind == "hybrid" else {"KERAS_CCT_XLA_CACHE": "0"})},
@@ -218,7 +263,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     data = {"command": "python -m benchmarks.first_step " + " ".join(
                 sys.argv[1:] if argv is None else argv),
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "seconds": time.perf_counter() - t0, "batch": args.batch,
+            "seconds": time.perf_counter() - t0, "batch": args.batch, "fit": args.fit,
             "processes": args.processes,
             "machine": {"cpu": cpu_info(), "versions": library_versions()},
             "runs": runs, "failures": failures}

@@ -722,14 +722,18 @@ def test_convs_writes_what_is_done_when_a_run_stops(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ first step
 
 @pytest.mark.slow
-def test_first_step_two_processes(tmp_path):
+@pytest.mark.parametrize("fit", [False, True])
+def test_first_step_two_processes(tmp_path, fit):
     """The first-step benchmark runs its processes: the first HybridConv2D process plans the
     model's three shapes, the second reads them from the shared cache (plans nothing, picks
-    the same), each keras Conv2D process beside it; the report is written."""
+    the same), each keras Conv2D process beside it; the report is written. Also by
+    ``model.fit`` on a model of unknown batch size (``--fit``)."""
     from benchmarks import first_step
     from keras_cct.lowering.names import ALL_LOWERINGS
     data = first_step.main(["--backends", "tensorflow", "--dtypes", "float32",
-                            "--processes", "2", "--batch", "2", "--out", str(tmp_path)])
+                            "--processes", "2", "--batch", "2", "--out", str(tmp_path)] +
+                           (["--fit"] if fit else []))
+    assert data["fit"] is fit
     assert data["failures"] == [] and len(data["runs"]) == 1
     run = data["runs"][0]
     assert len(run["keras_conv2d"]) == len(run["hybrid"]) == 2
@@ -743,6 +747,7 @@ def test_first_step_two_processes(tmp_path):
         assert (tmp_path / f"first_step.{suffix}").stat().st_size > 500
     md = (tmp_path / "first_step.md").read_text()
     assert "| tensorflow | float32 | 2 |" in md
+    assert ("`model.fit` of one batch" in md) is fit
     from benchmarks.__main__ import HEADLINES
     line = HEADLINES["first_step"](data)
     assert "tensorflow float32: HybridConv2D" in line and "processes 1-2" in line
