@@ -469,9 +469,9 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
     ``images`` does not divide the batch). Where the batch size is not static (TensorFlow's
     ``fit``), the backend's ``map_batch`` loops over the batch's partitions (sized there by
     the rule of :func:`partition_images`, aiming at ``images`` or :func:`partition_target`),
-    and the backward transforms each partition's input again
-    rather than keep the whole batch's (TensorFlow, CaffeNet conv2-conv5 forward+backward at
-    batch 32 and 128: 0.90-1.06x the time of keeping it)."""
+    and the backward transforms each partition's input again rather than keep the whole
+    batch's (TensorFlow, CaffeNet conv2-conv5 forward+backward at batch 32 and 128: 0.90-1.06x
+    the time of keeping it)."""
     if not any(winograd_applies(geo, m) for m in TILE_KERNELS):
         raise ValueError(f"winograd_conv2d needs a {' or '.join(f'{k}x{k}' for k in KERNELS)} "
                          "kernel at stride 1 and dilation 1")
