@@ -118,16 +118,23 @@ def custom_conv(forward, backward, x, kernel, as_tensor=ops.convert_to_tensor):
 
 
 def in_float32(fn: Callable) -> Callable:
-    """``fn`` with 16-bit float inputs (tensors or lists of them, all one dtype) computed in
-    float32 and the results cast back; other dtypes pass through. XLA's CPU loops convert a
-    16-bit float element by element for every operation, so one conversion each way is
-    cheaper (the backends' ``fused``)."""
+    """``fn`` with 16-bit float inputs (tensors or lists of them; their floats all of one
+    dtype) computed in float32 and its float results cast back; other dtypes (an integer
+    index) pass through both ways. XLA's CPU loops convert a 16-bit float element by element
+    for every operation, so one conversion each way is cheaper (the backends' ``fused``)."""
     def run(*args):
-        dtype = keras.backend.standardize_dtype(keras.tree.flatten(args)[0].dtype)
-        if dtype not in ("bfloat16", "float16"):
+        dtypes = {keras.backend.standardize_dtype(t.dtype) for t in keras.tree.flatten(args)}
+        low = dtypes & {"bfloat16", "float16"}
+        if not low:
             return fn(*args)
-        out = fn(*keras.tree.map_structure(lambda t: ops.cast(t, "float32"), args))
-        return keras.tree.map_structure(lambda t: ops.cast(t, dtype), out)
+        dtype = low.pop()
+
+        def cast(t, source, target):
+            same = keras.backend.standardize_dtype(t.dtype) == source
+            return ops.cast(t, target) if same else t
+
+        out = fn(*keras.tree.map_structure(lambda t: cast(t, dtype, "float32"), args))
+        return keras.tree.map_structure(lambda t: cast(t, "float32", dtype), out)
 
     return run
 

@@ -30,7 +30,11 @@ MAX_PARTITIONS: Optional[int] = None
 #: Whether Winograd's transforms and GEMMs run in batch partitions (sized to the cache:
 #: :func:`keras_cct.lowering.winograd.partition_images`) or on the whole batch at once.
 WINOGRAD_PARTITIONS = True
-__all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "MAX_PARTITIONS", "NAME", "WINOGRAD_PARTITIONS", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
+#: Whether max pooling runs as its window's slices with a saved index
+#: (:mod:`keras_cct.lowering.pooling`) rather than the backend's own op. Not here: each slice
+#: would be an op of its own.
+WINDOWED_MAX_POOL = False
+__all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "MAX_PARTITIONS", "NAME", "WINDOWED_MAX_POOL", "WINOGRAD_PARTITIONS", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
            "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "map_batch", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "sgd_step", "split_batch", "take_rows", "wait"]
 

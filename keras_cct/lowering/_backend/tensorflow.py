@@ -25,6 +25,25 @@ __all__ = generic.__all__
 #: Winograd's transforms are XLA clusters (:func:`fused`), compiled per input shape.
 COMPILED = ("winograd", "winograd4")
 
+
+def _onednn_ops() -> bool:
+    """Whether TensorFlow runs its oneDNN operations (on by default only on some x86 CPUs:
+    those with AVX512-VNNI, AVX512-BF16 or AMX; ``TF_ENABLE_ONEDNN_OPTS`` decides otherwise).
+    Where the check is missing from this TensorFlow, assume they are on."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return True
+
+
+#: Max pooling by its window's slices, two XLA clusters (:mod:`keras_cct.lowering.pooling`),
+#: where TensorFlow's oneDNN operations are off: its own ``MaxPoolGrad`` then recomputes each
+#: window's maximum from the input (CaffeNet's pool1, pool2 and pool5 at batch 32,
+#: forward+backward, 2-core AMD EPYC with AVX2: 57, 40 and 9 ms as TensorFlow's ops, 24, 17-21
+#: and 5 as clusters). oneDNN's pooling keeps its indices.
+WINDOWED_MAX_POOL = not _onednn_ops()
+
 #: The folder keras_cct put in ``TF_XLA_FLAGS``, beside it in the environment: a child process
 #: inherits both, and decides again from its own ``$KERAS_CCT_CACHE_DIR`` (a benchmark's
 #: process with an empty cache must not load its parent's executables).

@@ -11,6 +11,7 @@ import keras
 from keras import ops
 
 from keras_cct.caffe.net.layout import pair as _pair
+from keras_cct.lowering.pooling import max_pool
 
 _PKG = "keras_cct"
 
@@ -164,11 +165,7 @@ class CaffePooling2D(keras.layers.Layer):
         right = max(0, (ow - 1) * sw + kw - w - pw)
         pads = [[0, 0], [ph, bottom], [pw, right], [0, 0]]
         if self.pool == "MAX":
-            if any(sum(p) for p in pads):
-                low = float(np.finfo(np.float32).min)
-                x = ops.pad(x, pads, constant_values=low)
-            y = ops.max_pool(x, (kh, kw), (sh, sw), padding="valid",
-                             data_format="channels_last")
+            y = max_pool(x, (kh, kw), (sh, sw), (tuple(pads[1]), tuple(pads[2])))
         else:
             if any(sum(p) for p in pads):
                 x = ops.pad(x, pads)
