@@ -9,13 +9,14 @@ shares of the slices that land on the same rows and columns modulo the stride ar
 shifted, and interleaved into the input's shape (:func:`_scatter`).
 
 Both halves run as the backend's fused form (:func:`keras_cct.lowering._backend.fused`: one XLA
-cluster each on TensorFlow, part of the jitted step on JAX). Where TensorFlow runs without its
-oneDNN operations its ``MaxPoolGrad`` recomputes every window's maximum from the input, one
-window at a time; CaffeNet's pool1 at batch 32 (forward+backward, 2-core AMD EPYC, AVX2) took
-about 57 ms there and 24 ms here (PyTorch's channels-last ``max_pool2d``: 29). Backends
-whose own max pooling is not slower (:data:`keras_cct.lowering._backend.WINDOWED_MAX_POOL`),
-and windows of more than :data:`MAX_TAPS` elements (each slice is unrolled into the program),
-run ``keras.ops.max_pool``.
+cluster each on TensorFlow). Where TensorFlow runs without its oneDNN operations, its
+``MaxPoolGrad`` recomputes every window's maximum from the input; CaffeNet's pool1 at batch 32
+(forward+backward, 2-core AMD EPYC, AVX2) took 56-60 ms there and 24-30 ms here (PyTorch's
+channels-last ``max_pool2d``: 29). Backends that do not take this form
+(:data:`keras_cct.lowering._backend.WINDOWED_MAX_POOL`: on JAX, XLA fuses the index into the
+gradient and recomputes it for every element; on PyTorch each slice is an op of its own), and
+windows of more than :data:`MAX_TAPS` elements (each slice is unrolled into the program), run
+``keras.ops.max_pool``.
 """
 
 from __future__ import annotations
