@@ -20,6 +20,7 @@ import keras
 from keras_cct._files import atomic_write
 from keras_cct.errors import ExportError
 from keras_cct.export.rewrite import export_error as _export_error
+from keras_cct.lowering.pooling import backend_op
 
 #: ONNX protobufs above this size cannot be serialized in one message.
 _PROTOBUF_LIMIT = 2 ** 31 - 1
@@ -339,15 +340,16 @@ def to_onnx_proto(model: keras.Model, *, opset: Optional[int] = None,
     fn = _traced(lambda x: export_model(x, training=False), specs, structure)
     proto = None
     messages: List[str] = []
-    try:
-        proto, messages = _convert(fn, specs, opset)
-        problems = _problems(proto)
-    except ExportError:
-        raise
-    except Exception as exc:
-        problems = [f"tf2onnx failed: {type(exc).__name__}: {str(exc)[:500]}"]
-    if problems:
-        raise _diagnose(export_model, proto, problems, messages, opset)
+    with backend_op():  # Caffe's MAX pooling as TensorFlow's MaxPool, not an XLA cluster
+        try:
+            proto, messages = _convert(fn, specs, opset)
+            problems = _problems(proto)
+        except ExportError:
+            raise
+        except Exception as exc:
+            problems = [f"tf2onnx failed: {type(exc).__name__}: {str(exc)[:500]}"]
+        if problems:
+            raise _diagnose(export_model, proto, problems, messages, opset)
     if len(out_names) != len(proto.graph.output):
         out_names = [f"output_{i}" for i in range(len(proto.graph.output))]
     _rename_io(proto, in_names, out_names)

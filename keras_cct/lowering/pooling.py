@@ -21,14 +21,16 @@ windows of more than :data:`MAX_TAPS` elements (each slice is unrolled into the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Tuple
+import threading
+from typing import Iterator, Tuple
 
 from keras import ops
 
 from keras_cct.lowering import _backend
 
-__all__ = ["MAX_TAPS", "max_pool", "windowed"]
+__all__ = ["MAX_TAPS", "backend_op", "max_pool", "windowed"]
 
 #: The largest window (``kh * kw`` elements) pooled by its slices; larger ones (a global
 #: pooling of a whole feature map) run the backend's op.
@@ -37,12 +39,27 @@ MAX_TAPS = 25
 Pair = Tuple[int, int]
 Pads = Tuple[Pair, Pair]
 
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def backend_op() -> Iterator[None]:
+    """Within it (on this thread), :func:`max_pool` runs the backend's own op: for a graph that
+    leaves TensorFlow, as ONNX export's (tf2onnx converts no XLA cluster)."""
+    before = getattr(_STATE, "backend_op", False)
+    _STATE.backend_op = True
+    try:
+        yield
+    finally:
+        _STATE.backend_op = before
+
 
 def windowed(kernel: Pair) -> bool:
     """Whether :func:`max_pool` pools a ``kernel`` window by its slices: on a backend that
-    wants it, computing on the CPU, for a window of at most :data:`MAX_TAPS` elements."""
+    wants it, computing on the CPU, for a window of at most :data:`MAX_TAPS` elements, outside
+    :func:`backend_op`."""
     return (bool(_backend.WINDOWED_MAX_POOL) and kernel[0] * kernel[1] <= MAX_TAPS
-            and _backend.device_name() is None)
+            and not getattr(_STATE, "backend_op", False) and _backend.device_name() is None)
 
 
 def max_pool(x, kernel: Pair, strides: Pair, pads: Pads = ((0, 0), (0, 0))):
