@@ -62,18 +62,25 @@ def windowed(kernel: Pair) -> bool:
             and not getattr(_STATE, "backend_op", False) and _backend.device_name() is None)
 
 
-def max_pool(x, kernel: Pair, strides: Pair, pads: Pads = ((0, 0), (0, 0))):
+def max_pool(x, kernel: Pair, strides: Pair, pads: Pads = ((0, 0), (0, 0)), *,
+             relu: bool = False):
     """Max pooling of channels-last ``x`` (N, H, W, C) over ``kernel`` windows at ``strides``,
     ``x`` padded by ``pads`` (``((top, bottom), (left, right))``) with ``-inf`` first (no
     padded element is ever a window's maximum, as in Caffe's clipped windows).
     The gradient goes to each window's first maximum. The output has the windows that fit
-    the padded input: ``(H + top + bottom - kh) // sh + 1`` rows."""
+    the padded input: ``(H + top + bottom - kh) // sh + 1`` rows.
+
+    With ``relu``, ``max(relu(window)) = relu(max(window))`` is computed the second way, on
+    the pooled output, with the same values and gradients as a ReLU before the pooling
+    (Caffe's, whose gradient at 0 is 0): a window whose maximum is not positive sends none.
+    The slices' form keeps that in its index (no maximum to send to); no extra pass."""
     kernel, strides = tuple(kernel), tuple(strides)
     pads = (tuple(pads[0]), tuple(pads[1]))
     if not windowed(kernel):
-        return _op_pool(x, kernel, strides, pads)
+        y = _op_pool(x, kernel, strides, pads)
+        return ops.relu(y) if relu else y
     h, w = int(x.shape[1]), int(x.shape[2])
-    forward, backward = _halves(kernel, strides, pads, h, w)
+    forward, backward = _halves(kernel, strides, pads, h, w, bool(relu))
 
     @ops.custom_gradient
     def pool(x):
@@ -104,13 +111,13 @@ def _pad(x, pads: Pads):
 
 
 @functools.lru_cache(maxsize=None)
-def _halves(kernel: Pair, strides: Pair, pads: Pads, h: int, w: int):
+def _halves(kernel: Pair, strides: Pair, pads: Pads, h: int, w: int, relu: bool):
     """The fused forward and backward for one geometry (compiled once per shape on
     TensorFlow, the batch left free, named alike in every process for its persistent cache)."""
     key = f"max_pool:{kernel}:{strides}:{pads}:{h}x{w}"
     forward = _backend.fused(functools.partial(_forward, kernel=kernel, strides=strides,
-                                               pads=pads),
-                             batch_axes={4: 0}, key=key + ":forward")
+                                               pads=pads, relu=relu),
+                             batch_axes={4: 0}, key=key + (":relu" if relu else "") + ":forward")
     backward = _backend.fused(functools.partial(_scatter, kernel=kernel, strides=strides,
                                                 pads=pads, size=(h, w)),
                               batch_axes={4: 0}, key=key + ":backward")
@@ -118,15 +125,17 @@ def _halves(kernel: Pair, strides: Pair, pads: Pads, h: int, w: int):
 
 
 def _index_dtype(kernel: Pair) -> str:
-    return "int8" if kernel[0] * kernel[1] <= 127 else "int32"
+    """The index's dtype: positions ``0 .. kh*kw`` (``kh*kw``: none, after a ReLU)."""
+    return "int8" if kernel[0] * kernel[1] < 127 else "int32"
 
 
 def _out_size(size: int, k: int, s: int, pad: Pair) -> int:
     return (size + pad[0] + pad[1] - k) // s + 1
 
 
-def _forward(x, *, kernel: Pair, strides: Pair, pads: Pads):
-    """``(y, index)``: each window's maximum and the row-major position of its first one."""
+def _forward(x, *, kernel: Pair, strides: Pair, pads: Pads, relu: bool = False):
+    """``(y, index)``: each window's maximum and the row-major position of its first one
+    (with ``relu``: ``max(y, 0)``, and no position, ``kh * kw``, where ``y`` is not positive)."""
     (kh, kw), (sh, sw) = kernel, strides
     oh = _out_size(int(x.shape[1]), kh, sh, pads[0])
     ow = _out_size(int(x.shape[2]), kw, sw, pads[1])
@@ -142,6 +151,10 @@ def _forward(x, *, kernel: Pair, strides: Pair, pads: Pads):
             larger = ops.greater(tap, y)
             y = ops.where(larger, tap, y)
             index = ops.where(larger, ops.convert_to_tensor(i * kw + j, dtype=dtype), index)
+    if relu:
+        positive = ops.greater(y, ops.zeros_like(y))
+        y = ops.where(positive, y, ops.zeros_like(y))
+        index = ops.where(positive, index, ops.convert_to_tensor(kh * kw, dtype=dtype))
     return y, index
 
 

@@ -146,3 +146,23 @@ def _dy_for(x, kernel, strides, pads):
     oh = (h + sum(pads[0]) - kernel[0]) // strides[0] + 1
     ow = (w + sum(pads[1]) - kernel[1]) // strides[1] + 1
     return np.random.default_rng(oh * 100 + ow).standard_normal((n, oh, ow, c))
+
+
+@pytest.mark.parametrize("form", ["windowed", "shipped"])
+@pytest.mark.parametrize("hw,kernel,strides,pads", [GEOMETRIES[1], GEOMETRIES[5]])
+def test_relu_after_pooling_is_the_pooling_of_the_relu(monkeypatch, form, hw, kernel, strides,
+                                                       pads):
+    """``max_pool(x, relu=True)`` against a ReLU then the pooling in float64: windows all
+    negative, all zero and tied, and mixed; Caffe's ReLU gradient is 0 at 0."""
+    if form == "windowed":
+        monkeypatch.setattr(_backend, "WINDOWED_MAX_POOL", True)
+    x = RNG.integers(-2, 2, size=(2,) + hw + (4,)).astype(np.float32)
+    dy = _dy_for(x, kernel, strides, pads)
+    y_ref, dr = pool_ref(np.maximum(x, 0).astype(np.float64), dy, kernel, strides, pads)
+    dx_ref = dr * (x > 0)
+    layer = keras.layers.Lambda(lambda t: pooling.max_pool(t, kernel, strides, pads, relu=True))
+    layer.built = True
+    y, (dx,) = layer_grads(layer, x, dy.astype(np.float32))
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_allclose(dx, dx_ref, rtol=1e-6, atol=1e-6)
+    assert np.any(dx_ref != 0) and np.any((y_ref == 0) & (dy != 0))

@@ -201,7 +201,10 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
             prototxt's folder, then ``sys.path``) and run its class's methods. Off by default:
             a Python layer is then an error naming the module and class.
         fuse: apply each in-place ``Scale`` in the fused op of the ``BatchNorm`` before it
-            (:mod:`keras_cct.caffe.net.fusion`; same layers, names and weights). Off, every
+            (:mod:`keras_cct.caffe.net.fusion`; same layers, names and weights), and pool a
+            ``ReLU``'s input where a MAX ``Pooling`` reads its output, the ReLU applied to the
+            pooled values (the same values and gradients; the ReLU layer stays for its blob,
+            computed only where something else reads it). Off, every
             layer computes its own blob, as Caffe's layer-by-layer ``forward(end=...)`` shows
             it.
 
@@ -219,7 +222,7 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
     net, src = filter_net(net, phase=ph, stages=stages, level=level, source=src)
     if conv_impl not in ("hybrid", "keras"):
         raise ValueError(f"conv_impl must be 'hybrid' or 'keras', got {conv_impl!r}")
-    ctx = Ctx(src, ph, conv_impl, conv_options, python_layers=python_layers)
+    ctx = Ctx(src, ph, conv_impl, conv_options, python_layers=python_layers, fuse=fuse)
     blobs: Dict[str, object] = {}
     available: List[str] = []
     input_tensors: List[object] = []

@@ -19,8 +19,10 @@ class Ctx:
     and line), the phase, how convolutions are built, the Caffe batch and the layer at hand."""
 
     def __init__(self, source: NetSource, phase: int, conv_impl: str = "hybrid",
-                 conv_options: Optional[Mapping] = None, python_layers: bool = False) -> None:
+                 conv_options: Optional[Mapping] = None, python_layers: bool = False,
+                 fuse: bool = True) -> None:
         self.source = source
+        self.fuse = bool(fuse)  # build_net's: layers may compute a neighbour's work
         self.python_layers = bool(python_layers)  # Python layers may import their modules
         self.phase = phase
         self.conv_impl = conv_impl

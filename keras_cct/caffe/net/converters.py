@@ -65,11 +65,25 @@ def _pooling(ctx, lp, xs):
         raise ctx.error("global pooling needs pad 0 and stride 1")
     if len(lp.top) > 2 or (len(lp.top) == 2 and pool != "MAX"):
         raise ctx.error("Pooling has one top, or two (the output and the mask) for MAX")
+    mask = len(lp.top) == 2
+    before = _relu_input(x) if ctx.fuse and pool == "MAX" and not mask else None
     layer = cl.CaffePooling2D(pool, k, s, pad, global_pooling=p.global_pooling,
                               round_mode=converters_forks.pooling_round_mode(ctx, p),
-                              return_mask=len(lp.top) == 2, name=ctx.kname())
-    out = layer(x)
+                              return_mask=mask, relu=before is not None, name=ctx.kname())
+    out = layer(x if before is None else before)
     return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _relu_input(x):
+    """The input of the plain ReLU (negative slope 0, no cap) whose output ``x`` is, or None:
+    a MAX pooling of it is the ReLU of the input's pooling, on fewer elements."""
+    relu = getattr(getattr(x, "_keras_history", None), "operation", None)
+    if (type(relu) is not keras.layers.ReLU or relu.negative_slope != 0
+            or relu.max_value is not None or relu.threshold != 0
+            or len(relu._inbound_nodes) != 1):
+        return None
+    inputs = relu._inbound_nodes[0].input_tensors
+    return inputs[0] if len(inputs) == 1 else None
 
 
 def _inner_product(ctx, lp, xs):

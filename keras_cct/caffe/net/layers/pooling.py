@@ -52,11 +52,16 @@ class CaffePooling2D(keras.layers.Layer):
         return_mask: MAX only: also return Caffe's second top, the flat index ``h * W + w``
             of each window's (first) maximum in the input, as floats (SegNet's Upsample
             reads it).
+        relu: MAX only, without the mask: the pooling of ``ReLU(x)``, computed as the ReLU
+            of the pooled ``x`` (the same values and gradients, on a quarter of the
+            elements at stride 2): a net's ``ReLU -> MAX Pooling`` pair, built so
+            (:mod:`keras_cct.caffe.net.converters`), reads the ReLU's input.
     """
 
     def __init__(self, pool: str = "MAX", kernel_size=2, strides=1, padding=0,
                  global_pooling: bool = False, round_mode: str = "CEIL",
-                 seed: Optional[int] = None, return_mask: bool = False, **kwargs) -> None:
+                 seed: Optional[int] = None, return_mask: bool = False, relu: bool = False,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         pool = pool.upper()
         if pool not in ("MAX", "AVE", "STOCHASTIC"):
@@ -74,6 +79,9 @@ class CaffePooling2D(keras.layers.Layer):
         self.return_mask = bool(return_mask)
         if self.return_mask and pool != "MAX":
             raise ValueError("only MAX pooling has a mask top")
+        self.relu = bool(relu)
+        if self.relu and (pool != "MAX" or self.return_mask):
+            raise ValueError("relu=True is for MAX pooling without a mask top")
         self.seed_generator = (keras.random.SeedGenerator(seed) if pool == "STOCHASTIC"
                                else None)
 
@@ -165,7 +173,8 @@ class CaffePooling2D(keras.layers.Layer):
         right = max(0, (ow - 1) * sw + kw - w - pw)
         pads = [[0, 0], [ph, bottom], [pw, right], [0, 0]]
         if self.pool == "MAX":
-            y = max_pool(x, (kh, kw), (sh, sw), (tuple(pads[1]), tuple(pads[2])))
+            y = max_pool(x, (kh, kw), (sh, sw), (tuple(pads[1]), tuple(pads[2])),
+                         relu=self.relu)
         else:
             if any(sum(p) for p in pads):
                 x = ops.pad(x, pads)
@@ -188,6 +197,8 @@ class CaffePooling2D(keras.layers.Layer):
             cfg["seed"] = self.seed
         if self.return_mask:
             cfg["return_mask"] = True
+        if self.relu:
+            cfg["relu"] = True
         return cfg
 
 
