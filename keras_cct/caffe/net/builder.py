@@ -203,8 +203,9 @@ def build_net(net_param, *, phase: str = "TEST", stages: Sequence[str] = (),
         fuse: apply each in-place ``Scale`` in the fused op of the ``BatchNorm`` before it
             (:mod:`keras_cct.caffe.net.fusion`; same layers, names and weights), and pool a
             ``ReLU``'s input where a MAX ``Pooling`` reads its output, the ReLU applied to the
-            pooled values (the same values and gradients; the ReLU layer stays for its blob,
-            computed only where something else reads it). Off, every
+            pooled values (the same values and gradients; the ReLU's output stays reachable as
+            its blob, computed only where something reads it, and leaves the model's layer
+            list). Off, every
             layer computes its own blob, as Caffe's layer-by-layer ``forward(end=...)`` shows
             it.
 
