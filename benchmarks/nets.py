@@ -50,7 +50,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from benchmarks.common import onednn_versions, round_order
-from benchmarks.nets_report import CANDIDATES, DEFAULT_NETS, markdown, plot, summarize
+from benchmarks.nets_report import (CANDIDATES, DEFAULT_NETS, RELU_MOVED, markdown, plot,
+                                    summarize)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "docs" / "benchmarks"
@@ -317,6 +318,8 @@ def layer_profile(path: Path, shapes: dict, rounds: int, progress=None) -> List[
                "input_shape": list(tshape)}
         row.update({k: 1000 * min(v) for k, v in times.items()})
         row["keras_lowering"] = getattr(layer, "chosen_lowering", None)
+        if getattr(layer, "relu", False):  # the ReLU before it, moved into the pooling
+            row["keras_lowering"] = RELU_MOVED
         rows.append(row)
         if progress is not None:
             progress.update(1)

@@ -12,6 +12,10 @@ import numpy as np
 
 from benchmarks.convs_report import onednn_line
 
+#: The profile's mark for a MAX pooling that computes the ReLU before it (the net builder
+#: moves a plain ReLU into the MAX pooling that reads it: that ReLU has no row of its own).
+RELU_MOVED = "+ ReLU before it"
+
 # The run's nets and candidates the report states; :mod:`benchmarks.nets` runs them (defined
 # here, not there: nets.py imports this module).
 
@@ -90,7 +94,10 @@ def markdown(data: dict) -> str:
                   "timers on the keras_cct net, TensorFlow) vs the PyTorch module, forward "
                   "and forward+backward, ms summed over the layers of the type (best of "
                   f"{prof['rounds']} rounds). Whole-step sums do not add up to the step time "
-                  "(fusion, the update, the loss, host overheads).", "",
+                  "(fusion, the update, the loss, host overheads). A pooling marked "
+                  f"\"{RELU_MOVED}\" computes the ReLU that reads into it (the net builder "
+                  "moves it there); that ReLU has no row, in either framework, and PyTorch's "
+                  "pooling row does not include it.", "",
                   "| type | layers | Keras fwd | Keras fwd+bwd | PyTorch NCHW fwd+bwd | "
                   "PyTorch channels_last fwd+bwd | Keras / PyTorch best (fwd+bwd) |",
                   "|---|---|---|---|---|---|---|"]

@@ -848,3 +848,24 @@ def test_partitions_quick(tmp_path):
         assert (tmp_path / f"partitions.{suffix}").stat().st_size > 500
     md = (tmp_path / "partitions.md").read_text()
     assert "| tensorflow | conv5 | 2.0 |" in md and "4 images (whole)" in md
+
+
+def test_nets_profile_marks_a_pooling_that_computes_the_relu_before_it(tmp_path):
+    """The net builder moves a plain ReLU into the MAX pooling that reads it: the profile has
+    no row for that ReLU and marks the pooling's, and the report says what the mark means."""
+    from benchmarks import nets, nets_report
+    src = tmp_path / "relu_pool_deploy.prototxt"
+    src.write_text(
+        'name: "relu_pool"\ninput: "data"\ninput_shape { dim: 1 dim: 3 dim: 9 dim: 9 }\n'
+        'layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" '
+        'convolution_param { num_output: 4 kernel_size: 3 } }\n'
+        'layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }\n'
+        'layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" '
+        'pooling_param { pool: MAX kernel_size: 3 stride: 2 } }\n'
+        'layer { name: "fc" type: "InnerProduct" bottom: "pool" top: "fc" '
+        'inner_product_param { num_output: 3 } }\n'
+        'layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }\n')
+    path, shapes = nets.train_prototxt(str(src), 2, tmp_path / "nets")
+    rows = {r["layer"]: r for r in nets.layer_profile(path, shapes, 1)}
+    assert "relu" not in rows and rows["pool"]["keras_lowering"] == nets_report.RELU_MOVED
+    assert rows["conv"]["keras_lowering"] != nets_report.RELU_MOVED
