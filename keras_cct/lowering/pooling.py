@@ -11,8 +11,8 @@ shifted, and interleaved into the input's shape (:func:`_scatter`).
 Both halves run as the backend's fused form (:func:`keras_cct.lowering._backend.fused`: one XLA
 cluster each on TensorFlow). Where TensorFlow runs without its oneDNN operations, its
 ``MaxPoolGrad`` recomputes every window's maximum from the input; CaffeNet's pool1 at batch 32
-(forward+backward, 2-core AMD EPYC, AVX2) took 56-60 ms there and 24-30 ms here (PyTorch's
-channels-last ``max_pool2d``: 29). Backends that do not take this form
+(forward+backward, 2-core AMD EPYC, AVX2) took 56-70 ms there and 24-39 ms here in probes
+of one session (PyTorch's channels-last ``max_pool2d``: 17-29). Backends that do not take this form
 (:data:`keras_cct.lowering._backend.WINDOWED_MAX_POOL`: on JAX, XLA fuses the index into the
 gradient and recomputes it for every element; on PyTorch each slice is an op of its own), and
 windows of more than :data:`MAX_TAPS` elements (each slice is unrolled into the program), run
@@ -34,7 +34,7 @@ __all__ = ["MAX_TAPS", "backend_op", "max_pool", "windowed"]
 
 #: The largest window (``kh * kw`` elements) pooled by its slices; larger ones (a global
 #: pooling of a whole feature map) run the backend's op.
-MAX_TAPS = 25
+MAX_TAPS = 25   # below 127: the index is 8-bit (:data:`INDEX_DTYPE`)
 
 Pair = Tuple[int, int]
 Pads = Tuple[Pair, Pair]
@@ -113,20 +113,29 @@ def _pad(x, pads: Pads):
 @functools.lru_cache(maxsize=None)
 def _halves(kernel: Pair, strides: Pair, pads: Pads, h: int, w: int, relu: bool):
     """The fused forward and backward for one geometry (compiled once per shape on
-    TensorFlow, the batch left free, named alike in every process for its persistent cache)."""
-    key = f"max_pool:{kernel}:{strides}:{pads}:{h}x{w}"
+    TensorFlow, the batch left free, named alike in every process for its persistent cache);
+    the backward is the same with or without ``relu``."""
+    key = _key(kernel, strides, pads, h, w)
     forward = _backend.fused(functools.partial(_forward, kernel=kernel, strides=strides,
                                                pads=pads, relu=relu),
                              batch_axes={4: 0}, key=key + (":relu" if relu else "") + ":forward")
-    backward = _backend.fused(functools.partial(_scatter, kernel=kernel, strides=strides,
-                                                pads=pads, size=(h, w)),
-                              batch_axes={4: 0}, key=key + ":backward")
-    return forward, backward
+    return forward, _backward(kernel, strides, pads, h, w)
 
 
-def _index_dtype(kernel: Pair) -> str:
-    """The index's dtype: positions ``0 .. kh*kw`` (``kh*kw``: none, after a ReLU)."""
-    return "int8" if kernel[0] * kernel[1] < 127 else "int32"
+@functools.lru_cache(maxsize=None)
+def _backward(kernel: Pair, strides: Pair, pads: Pads, h: int, w: int):
+    return _backend.fused(functools.partial(_scatter, kernel=kernel, strides=strides,
+                                            pads=pads, size=(h, w)),
+                          batch_axes={4: 0}, key=_key(kernel, strides, pads, h, w) + ":backward")
+
+
+def _key(kernel: Pair, strides: Pair, pads: Pads, h: int, w: int) -> str:
+    return f"max_pool:{kernel}:{strides}:{pads}:{h}x{w}"
+
+
+#: The index's dtype: positions ``0 .. kh*kw`` (``kh*kw``: none, after a ReLU), at most
+#: :data:`MAX_TAPS`.
+INDEX_DTYPE = "int8"
 
 
 def _out_size(size: int, k: int, s: int, pad: Pair) -> int:
@@ -140,7 +149,7 @@ def _forward(x, *, kernel: Pair, strides: Pair, pads: Pads, relu: bool = False):
     oh = _out_size(int(x.shape[1]), kh, sh, pads[0])
     ow = _out_size(int(x.shape[2]), kw, sw, pads[1])
     x = _pad(x, pads)
-    dtype = _index_dtype(kernel)
+    dtype = INDEX_DTYPE
     y = index = None
     for i in range(kh):
         for j in range(kw):

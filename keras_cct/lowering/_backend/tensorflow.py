@@ -40,8 +40,9 @@ def _onednn_ops() -> bool:
 #: Max pooling by its window's slices, two XLA clusters (:mod:`keras_cct.lowering.pooling`),
 #: where TensorFlow's oneDNN operations are off: its own ``MaxPoolGrad`` then recomputes each
 #: window's maximum from the input (CaffeNet's pool1, pool2 and pool5 at batch 32,
-#: forward+backward, 2-core AMD EPYC with AVX2: 56-60, 37-40 and 9-13 ms as TensorFlow's ops,
-#: 24-30, 17-21 and 5-6 as clusters). oneDNN's pooling keeps its indices.
+#: forward+backward, 2-core AMD EPYC with AVX2, probes of one session: 56-70, 31-44 and
+#: 7-13 ms as TensorFlow's ops, 24-39, 15-21 and 5-8 as clusters). oneDNN's pooling keeps its
+#: indices.
 WINDOWED_MAX_POOL = not _onednn_ops()
 
 #: The folder keras_cct put in ``TF_XLA_FLAGS``, beside it in the environment: a child process
