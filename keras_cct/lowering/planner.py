@@ -16,7 +16,8 @@ Three modes:
   smaller than the layer's, the two are timed again at a larger batch (:func:`confirm_batch`;
   rankings at 4 images and at 32 can differ). Where a candidate is compiled per shape in
   pieces the layer reuses (TensorFlow's Winograd), one race at the layer's own batch instead
-  (:func:`race_batch`), a close one given as many rounds again on its warm steps
+  (:func:`race_batch`). A close race that cannot be confirmed at a larger batch (that one, or
+  one already at the layer's whole batch) gets as many rounds again on its warm steps
   (``again_if_close`` of :func:`time_lowerings`). The
   planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
   the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
@@ -61,7 +62,7 @@ from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import interleaved_best, make_step
 from keras_cct.lowering.winograd import partition_images
 
-CACHE_VERSION = 25  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 26  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
@@ -86,7 +87,8 @@ CACHE_VERSION = 25  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   23: Winograd in batch partitions (faster at large batches); 24: a race
 #                   with Winograd partitions at the fewest whole ones (race_batch); 25:
 #                   partitions of one size (a near divisor of the batch); a close compiled
-#                   race timed again, warm
+#                   race timed again, warm; 26: the cost model's type raced before
+#                   space-to-depth; a close race at the layer's own batch timed again, warm
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
@@ -147,9 +149,15 @@ AUTO_BUDGET_S = 1.0
 #: The order ``mode="auto"`` times its shortlist in after ``"native"``: Winograd F(2x2) (2.25x
 #: fewer multiplications on 3x3 layers; the one that won on TensorFlow, in float32 and
 #: bfloat16) before F(4x4) (4x fewer; the slowest to compile: 1.6 s on JAX for VGG16's
-#: conv1_2, and the first Winograd TensorFlow traces in a process takes 1.5 s), then
-#: space-to-depth (a first layer's full-width GEMM), then the cost model's lowered type.
-AUTO_ORDER = ("winograd", "winograd4", "space_to_depth") + LOWERED_TYPES
+#: conv1_2, and the first Winograd TensorFlow traces in a process takes 1.5 s), then the
+#: cost model's lowered type, then space-to-depth (a first layer's full-width GEMM). The
+#: lowered type goes before space-to-depth because a first layer's race can spend the budget
+#: on two candidates: ResNet-50's conv1 (3 -> 64, 7x7, stride 2) at batch 16 on JAX, a 2-core
+#: AMD EPYC (AVX2), raced ``"native"`` (452 ms a call at 8 images) and space-to-depth, never
+#: Type 1, and kept ``"native"``: 605 ms forward+backward at 16 images against Type 1's 355
+#: (``benchmarks.convs --backends jax --nets resnet50 --layers conv1 --batch 16
+#: --lowerings all``); CaffeNet's conv1 there runs Type 1 too (334 ms, native 806).
+AUTO_ORDER = ("winograd", "winograd4") + LOWERED_TYPES + ("space_to_depth",)
 #: Output planes at least this large on both sides take F(4x4) before F(2x2) in that order
 #: (:func:`auto_order`): its 4x fewer multiplications pay for its larger transforms there, and
 #: the budget may leave time for only one. In this project's four float32 runs of
@@ -300,14 +308,16 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     start = time.perf_counter()
     small = race_batch(geo, batch, order, dtype)
     compiled = any(c in B.COMPILED for c in order)
+    big = small if compiled else confirm_batch(geo, batch)
+    # a close race is confirmed at a larger batch, or else (compiled pieces, or already at the
+    # layer's whole batch) given as many rounds again on its warm steps
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
                            min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,
-                           drop_behind=AUTO_DROP_BEHIND, again_if_close=compiled)
+                           drop_behind=AUTO_DROP_BEHIND, again_if_close=big <= small)
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times,
              "not_timed": [c for c in order if c not in times]}
-    big = small if compiled else confirm_batch(geo, batch)
     rival = _rival(times)
     if rival is not None and "native" in times and big > small and \
             _close(times["native"], times[rival]):
