@@ -16,8 +16,9 @@ Three modes:
   smaller than the layer's, the two are timed again at a larger batch (:func:`confirm_batch`;
   rankings at 4 images and at 32 can differ). Where a candidate is compiled per shape in
   pieces the layer reuses (TensorFlow's Winograd), one race at the layer's own batch instead
-  (:func:`race_batch`). A close race that cannot be confirmed at a larger batch (that one, or
-  one already at the layer's whole batch) gets as many rounds again on its warm steps
+  (:func:`race_batch`). A close race that is not confirmed at a larger batch (that one, or
+  one with no larger batch to confirm at, as at the layer's whole batch) gets as many rounds
+  again on its warm steps
   (``again_if_close`` of :func:`time_lowerings`). The
   planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
   the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
@@ -309,8 +310,8 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     small = race_batch(geo, batch, order, dtype)
     compiled = any(c in B.COMPILED for c in order)
     big = small if compiled else confirm_batch(geo, batch)
-    # a close race is confirmed at a larger batch, or else (compiled pieces, or already at the
-    # layer's whole batch) given as many rounds again on its warm steps
+    # a close race is confirmed at a larger batch, or else (compiled pieces; no larger batch
+    # to confirm at, as at the layer's whole batch) given as many rounds again, warm
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
                            min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,
