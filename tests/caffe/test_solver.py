@@ -164,3 +164,35 @@ def test_sgd_runs_fused_where_the_backend_has_a_form_and_matches_caffe(monkeypat
     for got, want in zip(model.get_layer("fc").get_weights(), ref.w):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(opt.history_arrays()[0], ref.history[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("reg", ["L2", "L1"])
+def test_sgd_at_momentum_zero_matches_caffe_without_its_history(monkeypatch, reg):
+    """SGD at momentum 0 moves the weights by ``-rate (g + decay reg)`` with no history (Caffe
+    never reads it again): fused where the backend has a form (TensorFlow's
+    ``ResourceApplyGradientDescent``, PyTorch in place), the ops elsewhere. Five steps give
+    float64 numpy Caffe's weights, with lr_mult 2 / decay_mult 0 on the bias; the history
+    stays as it was."""
+    from keras_cct.lowering import _backend
+    taken = []
+    fused = _backend.sgd_step
+
+    def recorded(variable, history, *args):
+        taken.append((history is None, fused(variable, history, *args)))
+        return taken[-1][1]
+
+    monkeypatch.setattr(_backend, "sgd_step", recorded)
+    model, x, y, params = _tiny_net(3)
+    opt = CaffeOptimizer("SGD", learning_rate=0.05, weight_decay=0.02, regularization_type=reg,
+                         param_specs={"fc/bias": (2.0, 0.0)})
+    model.compile(optimizer=opt, loss="mean_squared_error")
+    ref = NumpyCaffeSolver(params, "SGD", weight_decay=0.02, regularization_type=reg,
+                           lr_mults=[1.0, 2.0], decay_mults=[1.0, 0.0])
+    for _ in range(5):
+        model.train_on_batch(x, y)
+        ref.apply_update(_mse_grads(ref.w[0], ref.w[1], x, y), 0.05)
+    assert taken and set(taken) == {(True, FUSED)}
+    for got, want in zip(model.get_layer("fc").get_weights(), ref.w):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert np.abs(ref.history[0]).max() > 0  # Caffe's would hold the last update
+    assert all(not h.any() for h in opt.history_arrays())

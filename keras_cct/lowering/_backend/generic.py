@@ -215,7 +215,9 @@ def wait(tensors: list) -> None:
 def sgd_step(variable, history, grad, rate, momentum, reg=None, decay: float = 0.0) -> bool:
     """Caffe's SGD step ``h = m h + rate (g + decay reg); w -= h`` on the variables ``variable``
     (``w``) and ``history`` (``h``) in place, where the backend has a fused form (``reg``: the
-    weights for L2, their signs for L1, None without weight decay); returns whether it did.
+    weights for L2, their signs for L1, None without weight decay); ``history`` None (momentum
+    0, where Caffe's history is never read again): ``w -= rate (g + decay reg)``, the history
+    untouched. Returns whether it did.
     Here it does not: the optimizer's ops run (:class:`~keras_cct.caffe.train.optimizer.
     CaffeOptimizer`; on JAX the compiled step fuses them)."""
     return False

