@@ -10,8 +10,8 @@ of one step each, in one process; the best and the median of the rounds are kept
 * ``keras_cct``: the net as ``cct time --model NET --random-data --input-shape data=N,C,H,W``
   builds and times it (:func:`keras_cct.caffe.train_commands.time_model` and
   :func:`~keras_cct.caffe.train_commands.compile_for_timing`: HybridConv2D with the defaults as
-  shipped, Caffe's SGD at learning rate 0, ``train_on_batch`` on the one random batch), on the
-  TensorFlow backend;
+  shipped, Caffe's SGD at learning rate 0 and momentum 0, which keeps no history, as
+  PyTorch's below; ``train_on_batch`` on the one random batch), on the TensorFlow backend;
 * ``keras_conv2d``: the same net with ``keras.layers.Conv2D`` (``cct time --conv keras``);
 * ``torch_nchw`` / ``torch_cl``: the same .prototxt translated to ``torch.nn``
   (:mod:`benchmarks.torch_net`), NCHW in the plain (contiguous) and the channels_last memory
