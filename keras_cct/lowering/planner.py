@@ -14,7 +14,9 @@ Three modes:
   ``"native"`` must beat it by :data:`NATIVE_MARGIN`, and where ``"native"`` and the fastest
   other candidate are within :data:`CONFIRM_BELOW` of each other (either ahead) at a batch
   smaller than the layer's, the two are timed again at a larger batch (:func:`confirm_batch`;
-  rankings at 4 images and at 32 can differ). Where a candidate is compiled per shape in
+  rankings at 4 images and at 32 can differ; on a backend whose module sets
+  ``CONFIRM_EVERY_WIN``, PyTorch's, any winner other than ``"native"`` is). Where a candidate
+  is compiled per shape in
   pieces the layer reuses (TensorFlow's Winograd), one race at the layer's own batch instead
   (:func:`race_batch`). A close race that is not confirmed at a larger batch (that one, or
   one with no larger batch to confirm at, as at the layer's whole batch) gets as many rounds
@@ -321,7 +323,7 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
              "not_timed": [c for c in order if c not in times]}
     rival = _rival(times)
     if rival is not None and "native" in times and big > small and \
-            _close(times["native"], times[rival]):
+            (_close(times["native"], times[rival]) or (B.CONFIRM_EVERY_WIN and best == rival)):
         again = time_lowerings(geo, ("native", rival), batch=big, dtype=dtype,
                                training=training, repeats=AUTO_REPEATS,
                                min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS,

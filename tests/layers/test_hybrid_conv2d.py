@@ -166,6 +166,8 @@ def test_default_planner_times_native_against_the_lowerings(tmp_path, monkeypatc
 
     monkeypatch.setattr(planner, "time_lowerings", lambda geo, lows, **kw: {
         low: fake_time(geo, low, **kw) for low in lows})
+    # the race alone (PyTorch's winner is timed again at a larger batch: tests/lowering)
+    monkeypatch.setattr(planner.B, "CONFIRM_EVERY_WIN", False)
     layer = HybridConv2D(256, 3, padding=1)
     assert layer.planner == "auto"
     layer.build((None, 13, 13, 64))

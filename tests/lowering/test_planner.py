@@ -162,6 +162,7 @@ def _fake_timer(monkeypatch, table):
 
 
 def test_auto_mode_keeps_native_unless_another_is_clearly_faster(cache_dir, monkeypatch):
+    monkeypatch.setattr(planner.B, "CONFIRM_EVERY_WIN", False)  # a clear lead: no second look
     shape, kernel = (None, 13, 13, 256), (5, 5, 256, 256)     # native and type1 timed
     _fake_timer(monkeypatch, {"native": 1.0, "type1": 1.0 / (1 + planner.NATIVE_MARGIN / 2)})
     assert choose(shape, kernel, padding=2, mode="auto") == "native"
@@ -330,6 +331,25 @@ def test_auto_mode_times_a_close_race_again_when_native_leads(cache_dir, monkeyp
     assert all(b != planner.confirm_batch(geo, 64) for _, b in timed)
 
 
+def test_auto_mode_times_any_winner_again_where_the_backend_asks(cache_dir, monkeypatch):
+    """VGG16 conv4_2 in bfloat16 on PyTorch (2-core Xeon, AMX): Type 1 twice as fast as native
+    at 2 images, slower at the layer's 8 (native's per-call costs weigh on a few images). With
+    ``CONFIRM_EVERY_WIN`` (PyTorch's) a clear winner is timed again too; without, it is not."""
+    monkeypatch.setattr(planner.B, "COMPILED", ())
+    geo = conv_geometry((None, 14, 14, 512), (3, 3, 512, 512), padding=1)
+    small, big = planner.auto_batch(geo, 8), planner.confirm_batch(geo, 8)
+    assert small < big == 8
+    fake = {"native": 1.0, "type1": 0.5, ("type1", big): 1.2, ("native", big): 1.0,
+            "winograd": 0.9, "winograd4": 2.0, "type2": 2.0, "type3": 2.0}
+    for every, choice in ((True, "native"), (False, "type1")):
+        monkeypatch.setattr(planner.B, "CONFIRM_EVERY_WIN", every)
+        monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(cache_dir / str(every)))
+        timed = _fake_timer(monkeypatch, fake)
+        monkeypatch.setattr(planner, "_model_choice", lambda *a: "type1")
+        assert planner.choose_for(geo, mode="auto", dtype="bfloat16", batch=8) == choice
+        assert (sorted(timed[-2:]) == [("native", big), ("type1", big)]) == every
+
+
 def test_auto_mode_leaves_winograd_out_for_few_input_channels(cache_dir, monkeypatch):
     timed = []
     _patch_timer(monkeypatch, lambda geo, low, **kw: timed.append(low) or 1.0)
@@ -369,6 +389,7 @@ def test_auto_mode_starts_no_candidate_once_its_budget_is_spent(cache_dir, monke
     """The first use of a shape stays near AUTO_BUDGET_S: counted from the backend's own
     convolution's compilation (which keras Conv2D pays as well), no further candidate is
     compiled once it is spent; what was compiled is timed and may still win."""
+    monkeypatch.setattr(planner.B, "CONFIRM_EVERY_WIN", False)  # the race alone
     geo = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
     budget = planner.AUTO_BUDGET_S
     started = _slow_steps(monkeypatch, {"native": 5.0, "winograd4": 0.7 * budget,

@@ -34,7 +34,12 @@ WINOGRAD_PARTITIONS = True
 #: (:mod:`keras_cct.lowering.pooling`) rather than the backend's own op. Not here: each slice
 #: would be an op of its own.
 WINDOWED_MAX_POOL = False
-__all__ = ["COMPILED", "DEPTHWISE", "LOWER_1X1", "MAX_PARTITIONS", "NAME", "WINDOWED_MAX_POOL", "WINOGRAD_PARTITIONS", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
+#: Whether ``mode="auto"`` times a race's winner other than ``"native"`` again beside it at a
+#: larger batch whatever its lead (:func:`keras_cct.lowering.planner.confirm_batch`), not only
+#: where the two are close: where a step at another batch size compiles and traces nothing,
+#: so the second timing costs only its calls. Not here (a backend Keras compiles for).
+CONFIRM_EVERY_WIN = False
+__all__ = ["COMPILED", "CONFIRM_EVERY_WIN", "DEPTHWISE", "LOWER_1X1", "MAX_PARTITIONS", "NAME", "WINDOWED_MAX_POOL", "WINOGRAD_PARTITIONS", "add_n", "as_tensor", "bmm", "constant", "conv_step", "custom_conv",
            "depthwise_conv", "device_name", "fused", "index_tensor", "layer_steps", "map_batch", "matmul", "matmul_nt", "matmul_tn", "native_conv",
            "segment_sum", "sgd_step", "split_batch", "take_rows", "wait"]
 

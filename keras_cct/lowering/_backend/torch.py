@@ -13,6 +13,12 @@ from keras_cct.lowering._backend.generic import *  # noqa: F401,F403
 from keras_cct.lowering.geometry import ConvGeometry
 
 NAME = "torch"
+#: PyTorch runs eagerly: timing a race's winner again at a larger batch costs only its calls.
+#: Its oneDNN convolutions pay per-call costs (weight reorders) that a race at a few images
+#: weighs too much: VGG16's conv4_2 (14x14x512 -> 512) in bfloat16 on a 2-core Xeon with
+#: AMX, forward+backward, ``"native"`` 18.5 ms at 2 images against Type 1's 9.3 (so Type 1
+#: won by 2x, no close race to confirm), 23.3 against 27.5 at the layer's 8.
+CONFIRM_EVERY_WIN = True
 __all__ = generic.__all__
 
 
