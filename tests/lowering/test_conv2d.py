@@ -397,6 +397,38 @@ def test_tensorflow_native_grouped_both_forms(case, grouped_op, monkeypatch):
         assert ref.rel_err(got.astype(np.float64), want) < 1e-5
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's kernel layout")
+@pytest.mark.parametrize("ks, groups", [((3, 3, 4, 256), 1), ((3, 3, 4, 512), 2),
+                                        ((3, 3, 4, 96), 1), ((1, 1, 8, 256), 1)])
+def test_torch_native_kernel_layouts(ks, groups):
+    """PyTorch's ``native`` hands oneDNN the kernel as ``(o, cg, kh, kw)`` channels-last, copied
+    as a transposed matrix where its rows are a multiple of 1024 bytes (256 float32 output
+    channels) and it has more than one tap, as a four-dimensional permutation otherwise: the
+    same values either way, and the float32 convolution's output and both gradients equal
+    the float64 one's."""
+    import torch
+    from keras_cct.lowering._backend import torch as torch_backend
+    rng = np.random.default_rng(2)
+    k = rng.standard_normal(ks)
+    tk = torch.tensor(k, dtype=torch.float32, requires_grad=True)
+    w = torch_backend.oihw_channels_last(tk)
+    assert w.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(w, tk.permute(3, 2, 0, 1))
+    matrix = ks[0] * ks[1] > 1 and ks[3] % 256 == 0
+    # the matrix's transpose ends in a permuted view; the four-dimensional copy in a clone
+    assert type(w.grad_fn).__name__ == ("PermuteBackward0" if matrix else "CloneBackward0")
+    x = rng.standard_normal((2, 6, 7, ks[2] * groups))
+    kwargs = dict(padding=ks[0] // 2, groups=groups)
+    ref_kw = dict(strides=1, padding=ks[0] // 2, dilation=1, groups=groups)
+    y_ref = ref.conv2d(x, k, **ref_kw)
+    dy = rng.standard_normal(y_ref.shape)
+    dx_ref, dk_ref, _ = ref.conv2d_grads(x, k, dy, **ref_kw)
+    f32 = [a.astype(np.float32) for a in (x, k, dy)]
+    y, dx, dk = _run("native", f32[0], f32[1], kwargs, f32[2])
+    for got, want in ((y, y_ref), (dx, dx_ref), (dk, dk_ref)):
+        assert ref.rel_err(got.astype(np.float64), want) < 1e-5
+
+
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's kernels")
 def test_tensorflow_grouped_conv2d_probe_without_onednn():
     """With oneDNN off TensorFlow's CPU kernels have no grouped gradients: the probe says so
