@@ -91,8 +91,8 @@ def oihw_channels_last(kernel):
     four-dimensional copy reads the columns a power of two of bytes apart, and took 4.5 ms
     of a 3x3 512 -> 512 kernel in bfloat16 against 1.5 (2-core Xeon; forward+backward of
     VGG16's conv4_2 at batch 8 in bfloat16 18.1 -> 14.9 ms, 7x7x512 -> 512 at 16 19.4 ->
-    14.7, 3x3 512 -> 1024 50.3 -> 37.4; float32 1.04-1.17x; other kernels 0.95-1.06x either
-    way, and 1x1 kernels 0.95-1.03x, so they keep the copy above)."""
+    14.7, 3x3 512 -> 1024 50.3 -> 37.4; float32 1.00-1.17x; other kernels 0.95-1.06x either
+    way, and 1x1 kernels 0.95-1.09x with no consistent gain, so they keep the copy above)."""
     kh, kw, cg, o = kernel.shape
     if kh * kw > 1 and (o * kernel.element_size()) % TRANSPOSE_ROW_BYTES == 0:
         rows = kernel.reshape(kh * kw * cg, o).t().contiguous()
