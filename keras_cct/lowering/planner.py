@@ -16,14 +16,12 @@ Three modes:
   smaller than the layer's, the two are timed again at a larger batch (:func:`confirm_batch`;
   rankings at 4 images and at 32 can differ; on a backend whose module sets
   ``CONFIRM_EVERY_WIN``, PyTorch's, any winner other than ``"native"`` is). Where a candidate
-  is compiled per shape in
-  pieces the layer reuses (TensorFlow's Winograd), one race at the layer's own batch instead
-  (:func:`race_batch`). A close race that is not confirmed at a larger batch (that one, or
-  one with no larger batch to confirm at, as at the layer's whole batch) gets as many rounds
-  again on its warm steps
-  (``again_if_close`` of :func:`time_lowerings`). The
-  planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then
-  the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
+  is compiled per shape in pieces the layer reuses (TensorFlow's Winograd), one race at the
+  layer's own batch instead (:func:`race_batch`). A close race that is not confirmed at a
+  larger batch (that one, or one with no larger batch to confirm at, as at the layer's whole
+  batch) gets as many rounds again on its warm steps (``again_if_close`` of
+  :func:`time_lowerings`). The planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a
+  second): ``"native"`` first, then the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
   on disk, so only the first use of a shape pays for the race: about a second, more where
   Winograd is compiled (a 3x3 layer on TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel
   Xeon: docs/benchmarks.md), and later ones nothing. A convolution of less than
@@ -65,7 +63,7 @@ from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import interleaved_best, make_step
 from keras_cct.lowering.winograd import partition_images
 
-CACHE_VERSION = 26  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 27  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
@@ -92,6 +90,8 @@ CACHE_VERSION = 26  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   partitions of one size (a near divisor of the batch); a close compiled
 #                   race timed again, warm; 26: the cost model's type raced before
 #                   space-to-depth; a close race at the layer's own batch timed again, warm
+#                   27: PyTorch times any winner again at the larger batch, and its native's
+#                   kernel copy is faster on wide kernels (older PyTorch races are stale)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
