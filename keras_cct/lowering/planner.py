@@ -21,8 +21,8 @@ Three modes:
   larger batch (that one, or one with no larger batch to confirm at, as at the layer's whole
   batch) gets as many rounds again on its warm steps (``again_if_close`` of
   :func:`time_lowerings`). The planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a
-  second): ``"native"`` first, then the others in :data:`AUTO_ORDER`, and none started once it is spent. The choice is cached
-  on disk, so only the first use of a shape pays for the race: about a second, more where
+  second): ``"native"`` first, then the others in :data:`AUTO_ORDER`, and none started once
+  it is spent. The choice is cached on disk, so only the first use of a shape pays for the race: about a second, more where
   Winograd is compiled (a 3x3 layer on TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel
   Xeon: docs/benchmarks.md), and later ones nothing. A convolution of less than
   :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
