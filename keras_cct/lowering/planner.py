@@ -2,36 +2,36 @@
 
 Three modes:
 
-* ``mode="auto"`` (what :class:`~keras_cct.HybridConv2D` uses by default): the fastest, as
-  timed here, of a shortlist that always holds the backend's own convolution. The shortlist -- ``"native"`` (the backend's own convolution in its
-  fastest form), the cost model's best lowered type and, where they apply, ``"winograd"``
-  (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3) or F(4x4, 5x5); not in 16-bit floats:
-  :data:`IMPRECISE`; neither below :data:`WINOGRAD_MIN_CHANNELS` input channels per group) and
-  ``"space_to_depth"`` (:data:`~keras_cct.lowering.dispatch.NEEDS`) -- is
-  timed once for the exact shape, batch, backend, dtype and machine (forward+backward at up to
-  :data:`AUTO_BATCH` images, :func:`auto_batch`; :data:`AUTO_REPEATS` rounds, the candidates
-  interleaved so that a burst of load on the machine falls on all of them). A winner other than
-  ``"native"`` must beat it by :data:`NATIVE_MARGIN`, and where ``"native"`` and the fastest
-  other candidate are within :data:`CONFIRM_BELOW` of each other (either ahead) at a batch
-  smaller than the layer's, the two are timed again at a larger batch (:func:`confirm_batch`;
-  rankings at 4 images and at 32 can differ; on a backend whose module sets
-  ``CONFIRM_EVERY_WIN``, PyTorch's, any winner other than ``"native"`` is). Where a candidate
-  is compiled per shape in pieces the layer reuses (TensorFlow's Winograd), one race at the
-  layer's own batch instead (:func:`race_batch`). A close race that is not confirmed at a
-  larger batch (that one, or one with no larger batch to confirm at, as at the layer's whole
-  batch) gets as many rounds again on its warm steps (``again_if_close`` of
-  :func:`time_lowerings`). The planning of a shape has a budget (:data:`AUTO_BUDGET_S`, a
-  second): ``"native"`` first, then the others in :data:`AUTO_ORDER`, and none started once
-  it is spent. The choice is cached on disk, so only the first use of a shape pays for the race: about a second, more where
-  Winograd is compiled (a 3x3 layer on TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel
-  Xeon: docs/benchmarks.md), and later ones nothing. A convolution of less than
-  :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"`` (one op, where a lowering is
-  several), except a 1x1 one where ``LOWER_1X1`` (below) says. A depthwise convolution (one
-  input channel per group) is not timed either: it runs what the backend module names
-  (``DEPTHWISE``: the backend's own depthwise op on TensorFlow and PyTorch, ``"depthwise"``'s
-  shifted multiply-adds on JAX, whose grouped convolution is 6.6-27x slower;
-  :mod:`keras_cct.lowering.depthwise`). On a backend whose module sets
-  ``LOWER_1X1`` (JAX), an ungrouped 1x1 convolution runs the cost model's lowered type (one
+* ``mode="auto"`` (what :class:`~keras_cct.HybridConv2D` uses by default): the fastest, as timed
+  here, of a shortlist that always holds the backend's own convolution. The shortlist --
+  ``"native"`` (the backend's own convolution in its fastest form), the cost model's best
+  lowered type and, where they apply, ``"winograd"`` (F(2x2, 3x3)), ``"winograd4"`` (F(4x4, 3x3)
+  or F(4x4, 5x5); not in 16-bit floats: :data:`IMPRECISE`; neither below
+  :data:`WINOGRAD_MIN_CHANNELS` input channels per group) and ``"space_to_depth"``
+  (:data:`~keras_cct.lowering.dispatch.NEEDS`) -- is timed once for the exact shape, batch,
+  backend, dtype and machine (forward+backward at up to :data:`AUTO_BATCH` images,
+  :func:`auto_batch`; :data:`AUTO_REPEATS` rounds, the candidates interleaved so that a burst of
+  load on the machine falls on all of them). A winner other than ``"native"`` must beat it by
+  :data:`NATIVE_MARGIN`, and where ``"native"`` and the fastest other candidate are within
+  :data:`CONFIRM_BELOW` of each other (either ahead) at a batch smaller than the layer's, the
+  two are timed again at a larger batch (:func:`confirm_batch`; rankings at 4 images and at 32
+  can differ; on a backend whose module sets ``CONFIRM_EVERY_WIN``, PyTorch's, any winner other
+  than ``"native"`` is). Where a candidate is compiled per shape in pieces the layer reuses
+  (TensorFlow's Winograd), one race at the layer's own batch instead (:func:`race_batch`). A
+  close race that is not confirmed at a larger batch (that one, or one with no larger batch to
+  confirm at, as at the layer's whole batch) gets as many rounds again on its warm steps
+  (``again_if_close`` of :func:`time_lowerings`). The planning of a shape has a budget
+  (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then the others in :data:`AUTO_ORDER`,
+  and none started once it is spent. The choice is cached on disk, so only the first use of a
+  shape pays for the race: about a second, more where Winograd is compiled (a 3x3 layer on
+  TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel Xeon: docs/benchmarks.md), and later
+  ones nothing. A convolution of less than :data:`AUTO_MIN_FLOPS` is not worth timing: it runs
+  ``"native"`` (one op, where a lowering is several), except a 1x1 one where ``LOWER_1X1``
+  (below) says. A depthwise convolution (one input channel per group) is not timed either: it
+  runs what the backend module names (``DEPTHWISE``: the backend's own depthwise op on
+  TensorFlow and PyTorch, ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped
+  convolution is 6.6-27x slower; :mod:`keras_cct.lowering.depthwise`). On a backend whose module
+  sets ``LOWER_1X1`` (JAX), an ungrouped 1x1 convolution runs the cost model's lowered type (one
   GEMM) untimed, however small.
 * ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1
   (replicate the input) wins when input channels are fewer than output channels, Type 3
