@@ -71,12 +71,16 @@ def conv2d_geo(x, kernel, geo: ConvGeometry, lowering: str, bias=None,
 
 def computed_in(compute_dtype: Optional[str], conv: Callable, x, kernel, bias=None):
     """``conv(x, kernel, bias)`` with ``x`` and ``kernel`` in :func:`common_dtype`, computed in
-    ``compute_dtype`` where that is given and differs: the inputs cast to it, the result cast
-    back. One definition for every path that convolves (``conv2d_geo``, and CCTStrategy's
-    split, whose shards then all receive the arithmetic dtype)."""
+    ``compute_dtype`` where that is given and wider: the inputs cast to it, the result cast
+    back (16-bit inputs computed in float32). Never narrower: a bfloat16 layer called outside
+    its autocast scope (``layer.stateless_call``: a bfloat16 input, the float32 kernel)
+    computes in float32, as keras Conv2D does, on a machine whose arithmetic dtype for
+    bfloat16 is bfloat16 too. One definition for every path that convolves (``conv2d_geo``,
+    and CCTStrategy's split, whose shards then all receive the arithmetic dtype)."""
     x, kernel = _in_common_dtype(x, kernel)
     dtype = backend.standardize_dtype(x.dtype)
-    if compute_dtype is None or compute_dtype == dtype:
+    if compute_dtype is None or compute_dtype == dtype or \
+            backend.result_type(compute_dtype, dtype) != compute_dtype:
         return conv(x, kernel, bias)
     y = conv(ops.cast(x, compute_dtype), ops.cast(kernel, compute_dtype),
              None if bias is None else ops.cast(bias, compute_dtype))

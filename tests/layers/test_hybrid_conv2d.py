@@ -278,11 +278,16 @@ def test_mixed_precision_policy():
                        ref.conv2d(x, k, b, padding=1)) < 2e-2
 
 
+@pytest.mark.parametrize("arithmetic", ["keep", "float32"])
 @pytest.mark.parametrize("lowering", ["native", "type1", "winograd"])
-def test_stateless_call_of_a_mixed_precision_layer(lowering):
+def test_stateless_call_of_a_mixed_precision_layer(lowering, arithmetic, monkeypatch):
     """``layer.stateless_call`` calls ``call`` outside the layer's autocast scope: a bfloat16
     input meets the float32 kernel. Where keras Conv2D computes that (on JAX: in float32, the
-    common dtype), HybridConv2D returns the same; ``native`` raised a dtype error on JAX."""
+    common dtype), HybridConv2D returns the same; ``native`` raised a dtype error on JAX. So
+    it does whether this machine computes bfloat16 layers in bfloat16 (``keep``: a CPU with
+    bfloat16 units, where the float32 pair was cast down to bfloat16) or in float32."""
+    from keras_cct.lowering import precision
+    monkeypatch.setenv(precision.ENV, arithmetic)
     rng = np.random.default_rng(4)
     x = keras.ops.cast(rng.standard_normal((2, 8, 8, 16)), "bfloat16")
     conv = keras.layers.Conv2D(8, 3, padding="same", dtype="mixed_bfloat16")
