@@ -22,8 +22,11 @@ Three modes:
   confirm at, as at the layer's whole batch) gets as many rounds again on its warm steps
   (``again_if_close`` of :func:`time_lowerings`). The planning of a shape has a budget
   (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then the others in :data:`AUTO_ORDER`,
-  and none started once it is spent. The choice is cached on disk, so only the first use of a
-  shape pays for the race: about a second, more where Winograd is compiled (a 3x3 layer on
+  none started once it is spent, nor a second Winograd (and none after it) whose start
+  (compilation) took longer on this machine's earlier races than is left
+  (:func:`expected_start_s`). The
+  choice is cached on disk, so only the first use of a shape pays for the race: about a
+  second, more where Winograd is compiled (a 3x3 layer on
   TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel Xeon: docs/benchmarks.md), and later
   ones nothing. A convolution of less than :data:`AUTO_MIN_FLOPS` is not worth timing: it runs
   ``"native"`` (one op, where a lowering is several), except a 1x1 one where ``LOWER_1X1``
@@ -147,7 +150,13 @@ WINOGRAD_MIN_CHANNELS = 16
 #: started, and a close race's confirmation (two more compilations) runs regardless.
 #: Compiling a candidate is most of a first use on JAX (XLA: 0.3-1.8 s each on VGG16 conv1_2,
 #: F(4x4) the slowest) and on TensorFlow (0.2-1.9 s for the first trace of a lowering in a
-#: process); without the budget a first use took up to 6.5 s.
+#: process); without the budget a first use took up to 6.5 s. The race also ends before a
+#: second Winograd whose start, as long as that lowering's took in the races cached for this
+#: backend, device, dtype and grouping (:func:`expected_start_s`), would end past the budget:
+#: its compilation (0.8-1.5 s) took a first use past two seconds for a pick 0-9% faster than
+#: the first Winograd, where it won at all (TensorFlow and JAX, 2-core Intel Xeon). Only a
+#: second Winograd: leaving out others by their estimate let Type 1 into more races, where it
+#: won or lost by up to 1.5x (JAX, VGG16 conv4_2 and 7x7x512 layers).
 AUTO_BUDGET_S = 1.0
 #: The order ``mode="auto"`` times its shortlist in after ``"native"``: Winograd F(2x2) (2.25x
 #: fewer multiplications on 3x3 layers; the one that won on TensorFlow, in float32 and
@@ -312,15 +321,20 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     small = race_batch(geo, batch, order, dtype)
     compiled = any(c in B.COMPILED for c in order)
     big = small if compiled else confirm_batch(geo, batch)
+    where = _compile_where(geo, dtype)
+    started: Dict[str, float] = {}
     # a close race is confirmed at a larger batch, or else (compiled pieces; no larger batch
     # to confirm at, as at the layer's whole batch) given as many rounds again, warm
     times = time_lowerings(geo, order, batch=small, dtype=dtype, training=training,
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
                            min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,
-                           drop_behind=AUTO_DROP_BEHIND, again_if_close=big <= small)
+                           drop_behind=AUTO_DROP_BEHIND, again_if_close=big <= small,
+                           start_estimates=expected_start_s(_read_cache(), where),
+                           start_seconds=started)
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times,
-             "not_timed": [c for c in order if c not in times]}
+             "not_timed": [c for c in order if c not in times],
+             "start": {"where": where, "seconds": started}}
     rival = _rival(times)
     if rival is not None and "native" in times and big > small and \
             (_close(times["native"], times[rival]) or (B.CONFIRM_EVERY_WIN and best == rival)):
@@ -335,6 +349,35 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     entries[key] = dict(entry, choice=best)
     _write_cache(entries)
     return best
+
+
+def _compile_where(geo: ConvGeometry, dtype: str) -> list:
+    """What a candidate's start (compilation, first call) is recorded and looked up under:
+    the backend, the device, the dtype and whether the layer is grouped (grouped layers'
+    transforms are one set per group: F(2x2) on CaffeNet's conv4 compiled in 0.9-1.7 s,
+    on VGG16's ungrouped conv4_2 in 0.4-0.8 s)."""
+    import keras
+    return [keras.backend.backend(), _device_name(), dtype, geo.groups > 1]
+
+
+def expected_start_s(entries: Dict[str, dict], where: list) -> Dict[str, float]:
+    """Seconds each lowering's start (make, compile, first call) took, the median over the
+    cached races recorded under ``where`` (:func:`_compile_where`); a lowering never started
+    there is not in the result."""
+    seen: Dict[str, List[float]] = {}
+    for entry in entries.values():
+        rec = entry.get("start") if isinstance(entry, dict) else None
+        if isinstance(rec, dict) and rec.get("where") == where and \
+                isinstance(rec.get("seconds"), dict):
+            for low, sec in rec["seconds"].items():
+                if isinstance(sec, (int, float)):
+                    seen.setdefault(low, []).append(float(sec))
+    return {low: float(np.median(secs)) for low, secs in seen.items()}
+
+
+def _second_winograd(lowering: str, started) -> bool:
+    """Whether ``lowering`` is a Winograd and one was ``started`` already."""
+    return lowering in WINOGRAD_TILE and any(c in WINOGRAD_TILE for c in started)
 
 
 def _model_choice(geo, cands, batch, training, machine) -> str:
@@ -456,7 +499,9 @@ def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 
                    budget_s: Optional[float] = None, min_timed_s: float = 0.0,
                    max_rounds: int = 0, bias: bool = False,
                    drop_behind: Optional[float] = None,
-                   again_if_close: bool = False) -> Dict[str, float]:
+                   again_if_close: bool = False,
+                   start_estimates: Optional[Dict[str, float]] = None,
+                   start_seconds: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """Best-of-``repeats`` seconds of one forward (+ backward) pass of each of ``lowerings``
     on ``geo``, on the current Keras backend: one warm-up call each, then ``repeats`` rounds
     in which each is timed once, the order rotated every round (side by side, so that a burst
@@ -472,29 +517,40 @@ def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 
     warm (nothing traced or compiled again), and the best of all rounds counts: a race of
     three rounds just after the compilation can rank a clear winner behind (CaffeNet conv4,
     TF, 16 images, 2-core AMD EPYC: ``"native"`` kept, 96 ms against F(2x2)'s 101, where ten
-    interleaved rounds of the warm steps take 76 and 54)."""
+    interleaved rounds of the warm steps take 76 and 54). With ``budget_s`` and
+    ``start_estimates`` (seconds a lowering's start took before, :func:`expected_start_s`),
+    a second Winograd (one after another was started) is not, and no candidate after it,
+    where the time spent and its estimate overrun the budget; ``start_seconds``, when given,
+    receives the seconds each started candidate's start took (make, compile, first call)."""
     import concurrent.futures
     # A layer may be built while TF traces a function (its graph and paused gradient tapes are
     # thread-local): time on a fresh thread, which starts in plain eager mode.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(_time_lowerings, geo, tuple(lowerings), batch, dtype, training,
                            repeats, budget_s, min_timed_s, max_rounds, bias,
-                           drop_behind, again_if_close).result()
+                           drop_behind, again_if_close, start_estimates or {},
+                           start_seconds).result()
 
 
 def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
                     min_timed_s=0.0, max_rounds=0, bias=False,
-                    drop_behind=None, again_if_close=False) -> Dict[str, float]:
+                    drop_behind=None, again_if_close=False, estimates=None,
+                    started=None) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
     steps, start = {}, None
     for low in lowerings:
-        if start is not None and budget_s is not None and \
-                time.perf_counter() - start >= budget_s:
-            break
+        if start is not None and budget_s is not None:
+            spent = time.perf_counter() - start
+            if spent >= budget_s or (_second_winograd(low, steps) and
+                                     spent + (estimates or {}).get(low, 0.0) > budget_s):
+                break
+        t0 = time.perf_counter()
         steps[low] = make_step(geo, low, x, k, training=training, dtype=dtype, bias=bias)
         steps[low]()  # warm-up: compile, first-touch memory
+        if started is not None:
+            started[low] = time.perf_counter() - t0
         # The first candidate's compilation is what the layer costs without keras_cct too (a
         # model with keras Conv2D compiles its convolution): the budget counts from there.
         start = time.perf_counter() if start is None else start

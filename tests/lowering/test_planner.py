@@ -407,6 +407,47 @@ def test_auto_mode_starts_no_candidate_once_its_budget_is_spent(cache_dir, monke
     assert {low for low, _ in started} == {"native", "winograd4", "winograd", "type1"}
 
 
+
+def test_auto_mode_ends_the_race_before_a_second_winograd_that_would_overrun_the_budget(
+        cache_dir, monkeypatch):
+    """A second Winograd is not started, nor anything after it, where its compilation, as long
+    as it took in the races already cached for this backend, device, dtype and grouping,
+    would end past the budget; the first alternative is started whatever its record says."""
+    monkeypatch.setattr(planner.B, "CONFIRM_EVERY_WIN", False)  # the race alone
+    budget = planner.AUTO_BUDGET_S
+    started = _slow_steps(monkeypatch, {"native": 5.0, "winograd": 0.3 * budget,
+                                        "winograd4": 0.9 * budget, "type1": 0.05 * budget},
+                          {"native": 0.010, "winograd4": 0.004, "winograd": 0.005,
+                           "type1": 0.003})
+    first = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    # nothing recorded yet: started in order until the budget is spent
+    assert planner.choose_for(first, mode="auto", batch=32) == "winograd4"
+    assert [low for low, _ in started] == ["native", "winograd", "winograd4"]
+    entry = next(iter(planner._read_cache().values()))
+    assert entry["start"]["seconds"] == pytest.approx(
+        {"native": 5.0, "winograd": 0.3 * budget, "winograd4": 0.9 * budget})
+    where = planner._compile_where(first, "float32")
+    assert planner.expected_start_s(planner._read_cache(), where)["winograd4"] == \
+        pytest.approx(0.9 * budget)
+    # another ungrouped shape: F(4x4) would end at 1.2 budgets -- the race ends before it
+    started.clear()
+    second = conv_geometry((None, 13, 13, 384), (3, 3, 384, 384), padding=1)
+    assert planner.choose_for(second, mode="auto", batch=32) == "winograd"
+    assert [low for low, _ in started] == ["native", "winograd"]
+    [entry] = [e for e in planner._read_cache().values() if e["choice"] == "winograd"]
+    assert entry["not_timed"] == ["winograd4", "type1"]
+    # a grouped layer has no record: its races start as many as the budget allows
+    started.clear()
+    grouped = conv_geometry((None, 13, 13, 384), (3, 3, 192, 384), padding=1, groups=2)
+    planner.choose_for(grouped, mode="auto", batch=32)
+    assert [low for low, _ in started][:3] == ["native", "winograd", "winograd4"]
+    # and the first alternative starts whatever its record says (F(4x4) first from 28x28)
+    monkeypatch.setenv("KERAS_CCT_PLAN_BUDGET", str(0.5 * budget))
+    started.clear()
+    third = conv_geometry((None, 28, 28, 128), (3, 3, 128, 256), padding=1)
+    planner.choose_for(third, mode="auto", batch=8)
+    assert [low for low, _ in started] == ["native", "winograd4"]
+
 def _calls(monkeypatch, call_s):
     """``make_step`` replaced as in :func:`_slow_steps`, counting each candidate's calls."""
     counts = {}
