@@ -24,9 +24,8 @@ Three modes:
   (:data:`AUTO_BUDGET_S`, a second): ``"native"`` first, then the others in :data:`AUTO_ORDER`,
   none started once it is spent, nor a second Winograd (and none after it) whose start
   (compilation) took longer on this machine's earlier races than is left
-  (:func:`expected_start_s`). The
-  choice is cached on disk, so only the first use of a shape pays for the race: about a
-  second, more where Winograd is compiled (a 3x3 layer on
+  (:func:`expected_start_s`). The choice is cached on disk, so only the first use of a shape
+  pays for the race: about a second, more where Winograd is compiled (a 3x3 layer on
   TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel Xeon: docs/benchmarks.md), and later
   ones nothing. A convolution of less than :data:`AUTO_MIN_FLOPS` is not worth timing: it runs
   ``"native"`` (one op, where a lowering is several), except a 1x1 one where ``LOWER_1X1``
@@ -155,8 +154,9 @@ WINOGRAD_MIN_CHANNELS = 16
 #: backend, device, dtype and grouping (:func:`expected_start_s`), would end past the budget:
 #: its compilation (0.8-1.5 s) took a first use past two seconds for a pick 0-9% faster than
 #: the first Winograd, where it won at all (TensorFlow and JAX, 2-core Intel Xeon). Only a
-#: second Winograd: leaving out others by their estimate let Type 1 into more races, where it
-#: won or lost by up to 1.5x (JAX, VGG16 conv4_2 and 7x7x512 layers).
+#: second Winograd: leaving out any candidate by its estimate changed which were raced, and
+#: JAX's VGG16 conv4_2 then ran ``"native"`` in float32 (1.01x keras Conv2D, F(2x2) 1.53x),
+#: its 7x7x512 layers in bfloat16 F(2x2) instead of Type 1 (1.85x against 2.44x).
 AUTO_BUDGET_S = 1.0
 #: The order ``mode="auto"`` times its shortlist in after ``"native"``: Winograd F(2x2) (2.25x
 #: fewer multiplications on 3x3 layers; the one that won on TensorFlow, in float32 and
@@ -321,7 +321,7 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     small = race_batch(geo, batch, order, dtype)
     compiled = any(c in B.COMPILED for c in order)
     big = small if compiled else confirm_batch(geo, batch)
-    where = _compile_where(geo, dtype)
+    where = _start_where(geo, dtype)
     started: Dict[str, float] = {}
     # a close race is confirmed at a larger batch, or else (compiled pieces; no larger batch
     # to confirm at, as at the layer's whole batch) given as many rounds again, warm
@@ -351,7 +351,7 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     return best
 
 
-def _compile_where(geo: ConvGeometry, dtype: str) -> list:
+def _start_where(geo: ConvGeometry, dtype: str) -> list:
     """What a candidate's start (compilation, first call) is recorded and looked up under:
     the backend, the device, the dtype and whether the layer is grouped (grouped layers'
     transforms are one set per group: F(2x2) on CaffeNet's conv4 compiled in 0.9-1.7 s,
@@ -362,7 +362,7 @@ def _compile_where(geo: ConvGeometry, dtype: str) -> list:
 
 def expected_start_s(entries: Dict[str, dict], where: list) -> Dict[str, float]:
     """Seconds each lowering's start (make, compile, first call) took, the median over the
-    cached races recorded under ``where`` (:func:`_compile_where`); a lowering never started
+    cached races recorded under ``where`` (:func:`_start_where`); a lowering never started
     there is not in the result."""
     seen: Dict[str, List[float]] = {}
     for entry in entries.values():

@@ -426,7 +426,7 @@ def test_auto_mode_ends_the_race_before_a_second_winograd_that_would_overrun_the
     entry = next(iter(planner._read_cache().values()))
     assert entry["start"]["seconds"] == pytest.approx(
         {"native": 5.0, "winograd": 0.3 * budget, "winograd4": 0.9 * budget})
-    where = planner._compile_where(first, "float32")
+    where = planner._start_where(first, "float32")
     assert planner.expected_start_s(planner._read_cache(), where)["winograd4"] == \
         pytest.approx(0.9 * budget)
     # another ungrouped shape: F(4x4) would end at 1.2 budgets -- the race ends before it
