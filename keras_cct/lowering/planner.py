@@ -313,7 +313,8 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     fitting = tuple(c for c in shortlist if fits_in_memory(geo, c, batch))
     shortlist = fitting or shortlist
     key = _cache_key(geo, shortlist, dtype, training, batch, mode="auto", bias=bias)
-    hit = _read_cache().get(key)
+    cached = _read_cache()
+    hit = cached.get(key)
     if isinstance(hit, dict) and hit.get("choice") in shortlist:
         return hit["choice"]
     order = auto_order(geo, shortlist)
@@ -329,7 +330,7 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
                            repeats=AUTO_REPEATS, budget_s=plan_budget_s(),
                            min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS, bias=bias,
                            drop_behind=AUTO_DROP_BEHIND, again_if_close=big <= small,
-                           start_estimates=expected_start_s(_read_cache(), where),
+                           start_estimates=expected_start_s(cached, where),
                            start_seconds=started)
     best = _keep_native(times)
     entry = {"batch": small, "seconds": times,
@@ -528,7 +529,7 @@ def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(_time_lowerings, geo, tuple(lowerings), batch, dtype, training,
                            repeats, budget_s, min_timed_s, max_rounds, bias,
-                           drop_behind, again_if_close, start_estimates or {},
+                           drop_behind, again_if_close, start_estimates,
                            start_seconds).result()
 
 
@@ -536,6 +537,7 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
                     min_timed_s=0.0, max_rounds=0, bias=False,
                     drop_behind=None, again_if_close=False, estimates=None,
                     started=None) -> Dict[str, float]:
+    estimates = estimates or {}
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
@@ -544,7 +546,7 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
         if start is not None and budget_s is not None:
             spent = time.perf_counter() - start
             if spent >= budget_s or (_second_winograd(low, steps) and
-                                     spent + (estimates or {}).get(low, 0.0) > budget_s):
+                                     spent + estimates.get(low, 0.0) > budget_s):
                 break
         t0 = time.perf_counter()
         steps[low] = make_step(geo, low, x, k, training=training, dtype=dtype, bias=bias)
