@@ -27,7 +27,11 @@ Three modes:
   (:func:`expected_start_s`). The choice is cached on disk, so only the first use of a shape
   pays for the race: about a second, more where Winograd is compiled (a 3x3 layer on
   TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel Xeon: docs/benchmarks.md), and later
-  ones nothing. A convolution of less than :data:`AUTO_MIN_FLOPS` is not worth timing: it runs
+  ones nothing. The same shape at another batch size (fit's last partial batch, a predict or
+  an evaluate at another batch) is raced only where its race would time other images: one
+  that would time the same ones as a cached race (the same :func:`race_batch` and, where that
+  race was or would be confirmed, the same :func:`confirm_batch`) takes its pick
+  (:func:`_same_race`). A convolution of less than :data:`AUTO_MIN_FLOPS` is not worth timing: it runs
   ``"native"`` (one op, where a lowering is several), except a 1x1 one where ``LOWER_1X1``
   (below) says. A depthwise convolution (one input channel per group) is not timed either: it
   runs what the backend module names (``DEPTHWISE``: the backend's own depthwise op on
@@ -318,10 +322,14 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
     if isinstance(hit, dict) and hit.get("choice") in shortlist:
         return hit["choice"]
     order = auto_order(geo, shortlist)
-    start = time.perf_counter()
     small = race_batch(geo, batch, order, dtype)
     compiled = any(c in B.COMPILED for c in order)
     big = small if compiled else confirm_batch(geo, batch)
+    shape = _shape_key(geo, shortlist, dtype, training, bias)
+    same = _same_race(cached, shape, small, big)
+    if same is not None:
+        return same
+    start = time.perf_counter()
     where = _start_where(geo, dtype)
     started: Dict[str, float] = {}
     # a close race is confirmed at a larger batch, or else (compiled pieces; no larger batch
@@ -333,12 +341,11 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
                            start_estimates=expected_start_s(cached, where),
                            start_seconds=started)
     best = _keep_native(times)
-    entry = {"batch": small, "seconds": times,
+    entry = {"batch": small, "seconds": times, "shape": shape,
              "not_timed": [c for c in order if c not in times],
              "start": {"where": where, "seconds": started}}
     rival = _rival(times)
-    if rival is not None and "native" in times and big > small and \
-            (_close(times["native"], times[rival]) or (B.CONFIRM_EVERY_WIN and best == rival)):
+    if big > small and _to_confirm(times):
         again = time_lowerings(geo, ("native", rival), batch=big, dtype=dtype,
                                training=training, repeats=AUTO_REPEATS,
                                min_timed_s=AUTO_MIN_TIMED_S, max_rounds=AUTO_MAX_ROUNDS,
@@ -418,16 +425,56 @@ def choose(input_shape: Sequence, kernel_shape: Sequence[int], *, strides=1, pad
 
 # ---------------------------------------------------------------------------------- measuring
 
-def _cache_key(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int,
-               mode: str = "measure", bias: bool = False) -> str:
+def _key_fields(geo: ConvGeometry, dtype: str, training: bool, bias: bool, mode: str) -> dict:
+    """What a cached choice depends on, but the batch and the candidates."""
     import keras
     from keras_cct._version import __version__
-    fields = dict(v=CACHE_VERSION, mode=mode, pkg=__version__, backend=keras.backend.backend(),
-                  device=_device_name(), dtype=dtype, training=training, batch=batch,
-                  bias=bias, cands=list(cands),
-                  geo=[geo.in_h, geo.in_w, geo.channels, geo.kh, geo.kw, geo.filters, geo.groups,
-                       geo.sh, geo.sw, geo.dh, geo.dw, [list(p) for p in geo.pad]])
+    return dict(v=CACHE_VERSION, mode=mode, pkg=__version__, backend=keras.backend.backend(),
+                device=_device_name(), dtype=dtype, training=training, bias=bias,
+                geo=[geo.in_h, geo.in_w, geo.channels, geo.kh, geo.kw, geo.filters, geo.groups,
+                     geo.sh, geo.sw, geo.dh, geo.dw, [list(p) for p in geo.pad]])
+
+
+def _digest(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _cache_key(geo: ConvGeometry, cands, dtype: str, training: bool, batch: int,
+               mode: str = "measure", bias: bool = False) -> str:
+    return _digest(dict(_key_fields(geo, dtype, training, bias, mode), batch=batch,
+                        cands=list(cands)))
+
+
+def _shape_key(geo: ConvGeometry, cands, dtype: str, training: bool, bias: bool) -> str:
+    """:func:`_cache_key` of a ``mode="auto"`` race but the layer's batch: what races of the
+    same layer shape and shortlist at other batches are found by (:func:`_same_race`)."""
+    return _digest(dict(_key_fields(geo, dtype, training, bias, "auto"), cands=list(cands)))
+
+
+def _to_confirm(times: Dict[str, float]) -> bool:
+    """Whether a race that timed ``times`` is timed again at a larger batch, where there is
+    one: ``"native"`` and its rival close, or (``CONFIRM_EVERY_WIN``) any rival winning."""
+    rival = _rival(times)
+    return rival is not None and "native" in times and (
+        _close(times["native"], times[rival]) or
+        (B.CONFIRM_EVERY_WIN and _keep_native(times) == rival))
+
+
+def _same_race(entries: Dict[str, dict], shape: str, small: int, big: int) -> Optional[str]:
+    """The pick of a race cached for the layer shape ``shape`` (:func:`_shape_key`) at another
+    batch that timed what a race at this one would: ``small`` images and, where that race was
+    confirmed (or would be, with a larger batch to confirm at), ``big``; None if there is
+    none. A shape raced at fit's batch is not raced again for the last partial batch or a
+    predict or evaluate at another batch where those images are the same."""
+    for e in entries.values():
+        if not isinstance(e, dict) or e.get("shape") != shape or e.get("batch") != small:
+            continue
+        if "confirm_batch" in e:
+            if e["confirm_batch"] == big:
+                return e.get("choice")
+        elif big <= small or not _to_confirm(e.get("seconds") or {}):
+            return e.get("choice")
+    return None
 
 
 def _cache_file() -> Path:

@@ -166,6 +166,7 @@ def test_auto_mode_keeps_native_unless_another_is_clearly_faster(cache_dir, monk
     shape, kernel = (None, 13, 13, 256), (5, 5, 256, 256)     # native and type1 timed
     _fake_timer(monkeypatch, {"native": 1.0, "type1": 1.0 / (1 + planner.NATIVE_MARGIN / 2)})
     assert choose(shape, kernel, padding=2, mode="auto") == "native"
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(cache_dir / "second"))  # a race anew
     _fake_timer(monkeypatch, {"native": 1.0, "type1": 0.5})   # 2x: no second look
     assert choose(shape, kernel, padding=2, mode="auto", batch=64) == "type1"
 
@@ -402,6 +403,7 @@ def test_auto_mode_starts_no_candidate_once_its_budget_is_spent(cache_dir, monke
     assert entry["not_timed"] == ["type1"] and entry["choice"] == "winograd4"
     # a larger budget times them all (and type1, the fastest, wins)
     monkeypatch.setenv("KERAS_CCT_PLAN_BUDGET", "100")
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(cache_dir / "second"))  # a race anew
     started.clear()
     assert planner.choose_for(geo, mode="auto", batch=16) == "type1"
     assert {low for low, _ in started} == {"native", "winograd4", "winograd", "type1"}
@@ -524,6 +526,43 @@ def test_auto_mode_lowers_1x1_layers_untimed_where_the_backend_says(cache_dir, m
         assert timed == []
     else:
         assert "native" in timed and small == "native"
+
+
+def test_auto_mode_takes_the_pick_of_the_same_race_at_another_batch_untimed(cache_dir,
+                                                                            monkeypatch):
+    """A shape raced at fit's batch is not raced again at a batch whose race would time the
+    same images (fit's last partial batch, predict or evaluate at another batch): a race at
+    few images, not confirmed, serves every batch that races at those images; a confirmed one
+    every batch that confirms at the same larger batch too. Other batches are raced."""
+    monkeypatch.setattr(planner.B, "COMPILED", ())
+    monkeypatch.setattr(planner.B, "CONFIRM_EVERY_WIN", False)
+    geo = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    small, big = planner.auto_batch(geo, 32), planner.confirm_batch(geo, 32)
+    assert 4 < small < 8 < big < 32 and planner.confirm_batch(geo, 48) == big
+    # a clear lead at `small` images: no confirmation
+    timed = _fake_timer(monkeypatch, {"native": 2.0, "winograd": 1.0})
+    assert planner.choose_for(geo, mode="auto", batch=32) == "winograd"
+    assert {b for _, b in timed} == {small}
+    timed.clear()
+    assert [planner.choose_for(geo, mode="auto", batch=b) for b in (8, 31, 64)] == \
+        ["winograd"] * 3
+    assert timed == []
+    assert planner.choose_for(geo, mode="auto", batch=4) == "winograd"  # fewer images
+    assert {b for _, b in timed} == {4}
+    # a close race, confirmed at `big`: the same race for 48 images, not for 8
+    monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(cache_dir / "close"))
+    timed = _fake_timer(monkeypatch, {"native": 1.0, "winograd": 0.9, ("winograd", big): 0.8})
+    assert planner.choose_for(geo, mode="auto", batch=32) == "winograd"
+    assert ("winograd", big) in timed
+    timed.clear()
+    assert planner.choose_for(geo, mode="auto", batch=48) == "winograd"
+    assert timed == []
+    assert planner.choose_for(geo, mode="auto", batch=8) == "winograd"
+    assert {("native", 8), ("winograd", 8)} <= set(timed)  # confirmed at 8
+    # another dtype or bias is its own race
+    timed.clear()
+    assert planner.choose_for(geo, mode="auto", batch=32, bias=True) == "winograd"
+    assert timed
 
 
 def test_auto_mode_times_a_layer_with_its_bias_and_caches_it_apart(cache_dir, monkeypatch):
