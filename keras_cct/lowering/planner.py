@@ -31,8 +31,8 @@ Three modes:
   an evaluate at another batch) is raced only where its race would time other images: one
   that would time the same ones as a cached race (the same :func:`race_batch` and, where that
   race was or would be confirmed, the same :func:`confirm_batch`) takes its pick
-  (:func:`_same_race`). A convolution of less than :data:`AUTO_MIN_FLOPS` is not worth timing: it runs
-  ``"native"`` (one op, where a lowering is several), except a 1x1 one where ``LOWER_1X1``
+  (:func:`_same_race`). A convolution of less than :data:`AUTO_MIN_FLOPS` is not worth timing:
+  it runs ``"native"`` (one op, where a lowering is several), except a 1x1 one where ``LOWER_1X1``
   (below) says. A depthwise convolution (one input channel per group) is not timed either: it
   runs what the backend module names (``DEPTHWISE``: the backend's own depthwise op on
   TensorFlow and PyTorch, ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped
