@@ -17,10 +17,16 @@ Conv2D process runs right before the HybridConv2D process of the same index, wit
 cache folder of its own and keras_cct's XLA caches off (``KERAS_CCT_XLA_CACHE=0``: JAX's
 persistent compilation cache is off unless a user turns it on).
 
+With ``--later`` (which implies ``--fit``), each process then makes the calls a user makes next
+at other batch sizes, each timed whole, with the plans it added: a ``fit`` of one batch and a
+last partial batch of a quarter of it, a ``predict`` of :data:`PREDICT_IMAGES` images and an
+``evaluate`` at half the batch (JAX and PyTorch run each new batch size as a new shape; a
+HybridConv2D shape is raced again only where the race would time other images).
+
 Run::
 
     python -m benchmarks.first_step [--backends tensorflow,jax,torch] [--dtypes float32,bfloat16]
-        [--processes 4] [--batch 32] [--fit] [--out docs/benchmarks] [--quick]
+        [--processes 4] [--batch 32] [--fit] [--later] [--out docs/benchmarks] [--quick]
 
 ``--quick`` (the suite's smoke run): TensorFlow, float32, two processes at batch 8.
 
@@ -46,6 +52,9 @@ KINDS = ("keras_conv2d", "hybrid")
 LAYERS = (("conv3", 384, 1), ("conv4", 384, 2), ("conv5", 256, 2))  # name, filters, groups
 INPUT = (13, 13, 256)
 STEADY_STEPS = 5
+#: ``--later``: the calls after the first steps (see the module docstring), in order.
+LATER = ("partial_fit", "predict", "evaluate")
+PREDICT_IMAGES = 4
 
 
 # ------------------------------------------------------------------------------ one process
@@ -117,6 +126,27 @@ def _steps(model, x, y, fit: bool):
     return first, min(seconds), hist.history["loss"][-1]
 
 
+def _later(model, x, y) -> Dict[str, dict]:
+    """:data:`LATER`'s calls on ``x``/``y`` (one batch): seconds of each whole call, and the
+    plans each added to the cache."""
+    batch = len(x)
+    part = max(1, batch // 4)
+    calls = {"partial_fit": lambda: model.fit(np.concatenate([x, x[:part]]),
+                                              np.concatenate([y, y[:part]]), batch_size=batch,
+                                              epochs=1, verbose=0, shuffle=False),
+             "predict": lambda: model.predict(x[:PREDICT_IMAGES], verbose=0),
+             "evaluate": lambda: model.evaluate(x, y, batch_size=max(1, batch // 2),
+                                                verbose=0)}
+    out = {}
+    for name in LATER:
+        before = _cache_files()["plans"]
+        t0 = time.perf_counter()
+        calls[name]()
+        out[name] = {"s": time.perf_counter() - t0,
+                     "new_plans": _cache_files()["plans"] - before}
+    return out
+
+
 def run_config(spec: dict) -> dict:
     """One process: ``spec`` = ``{"kind", "batch", "dtype", "fit"}``; the first step's and the
     steady step's seconds, and for HybridConv2D its picks and the cache's growth."""
@@ -133,6 +163,8 @@ def run_config(spec: dict) -> dict:
     after = _cache_files()
     out = {"kind": spec["kind"], "first_s": first, "steady_s": steady,
            "loss": float(np.asarray(loss).reshape(-1)[0])}
+    if spec.get("later"):
+        out["later"] = _later(model, x, y)
     if spec["kind"] == "hybrid":
         out["picks"] = [model.get_layer(name).chosen_lowering for name, _, _ in LAYERS]
         out["new_plans"] = after["plans"] - before["plans"]
@@ -170,6 +202,26 @@ def render(data: dict) -> str:
         ["backend", "dtype", "process", "keras Conv2D first step s", "HybridConv2D first step s",
          "HybridConv2D picks (conv3, conv4, conv5)", "new plans", "new XLA executables",
          "keras Conv2D steady ms", "HybridConv2D steady ms"], rows))
+    if data.get("later"):
+        lines += ["", "## Later calls at other batch sizes", "",
+                  f"In each process after its steps (`--later`): a `fit` of one batch and a "
+                  f"last partial batch of {max(1, data['batch'] // 4)}, a `predict` of "
+                  f"{PREDICT_IMAGES} images, an `evaluate` at batch {max(1, data['batch'] // 2)}"
+                  "; seconds of each whole call (tracing, compiling and HybridConv2D's "
+                  "planning included), and the plans HybridConv2D added to the cache in it.",
+                  ""]
+        rows = []
+        for run in data["runs"]:
+            for i, (k, h) in enumerate(zip(run["keras_conv2d"], run["hybrid"]), 1):
+                if "later" not in h:
+                    continue
+                rows.append([run["backend"], run["dtype"], i] + [
+                    f"{k['later'][c]['s']:.2f} / {h['later'][c]['s']:.2f} "
+                    f"({h['later'][c]['new_plans']})" for c in LATER])
+        lines.append(markdown_table(
+            ["backend", "dtype", "process"] + [
+                f"{c.replace('_', ' ')} s: keras Conv2D / HybridConv2D (new plans)"
+                for c in LATER], rows))
     for fail in data["failures"]:
         lines.append(f"- failed: {fail['backend']} {fail['dtype']} {fail['kind']} process "
                      f"{fail['process']}: {fail['error']}")
@@ -214,6 +266,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--fit", action="store_true",
                         help="train by model.fit on a model of unknown batch size")
+    parser.add_argument("--later", action="store_true",
+                        help="then a partial batch, a predict and an evaluate at other batch "
+                             "sizes (implies --fit)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--quick", action="store_true",
@@ -221,6 +276,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.backends, args.dtypes, args.processes, args.batch = "tensorflow", "float32", 2, 8
+    args.fit = args.fit or args.later
     from tqdm import tqdm
     jobs = [(b, d) for b in args.backends.split(",") for d in args.dtypes.split(",")]
     t0 = time.perf_counter()
@@ -241,7 +297,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                             run[kind].append(spawn_config(
                                 "benchmarks.first_step",
                                 {"kind": kind, "batch": args.batch, "dtype": dtype,
-                                 "fit": args.fit},
+                                 "fit": args.fit, "later": args.later},
                                 backend=backend, timeout=args.timeout,
                                 env={"KERAS_CCT_CACHE_DIR": own, **(
                                     {} if kind == "hybrid" else {"KERAS_CCT_XLA_CACHE": "0"})},
@@ -264,6 +320,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                 sys.argv[1:] if argv is None else argv),
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "seconds": time.perf_counter() - t0, "batch": args.batch, "fit": args.fit,
+            "later": args.later,
             "processes": args.processes,
             "machine": {"cpu": cpu_info(), "versions": library_versions()},
             "runs": runs, "failures": failures}

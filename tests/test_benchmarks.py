@@ -722,18 +722,20 @@ def test_convs_writes_what_is_done_when_a_run_stops(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ first step
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fit", [False, True])
-def test_first_step_two_processes(tmp_path, fit):
+@pytest.mark.parametrize("mode", ["steps", "fit", "later"])
+def test_first_step_two_processes(tmp_path, mode):
     """The first-step benchmark runs its processes: the first HybridConv2D process plans the
     model's three shapes, the second reads them from the shared cache (plans nothing, picks
     the same), each keras Conv2D process beside it; the report is written. Also by
-    ``model.fit`` on a model of unknown batch size (``--fit``)."""
+    ``model.fit`` on a model of unknown batch size (``--fit``), and then the later calls at
+    other batch sizes (``--later``), which the second process plans nothing for either."""
     from benchmarks import first_step
     from keras_cct.lowering.names import ALL_LOWERINGS
+    fit = mode != "steps"
     data = first_step.main(["--backends", "tensorflow", "--dtypes", "float32",
                             "--processes", "2", "--batch", "2", "--out", str(tmp_path)] +
-                           (["--fit"] if fit else []))
-    assert data["fit"] is fit
+                           ([] if mode == "steps" else [f"--{mode}"]))
+    assert data["fit"] is fit and data["later"] is (mode == "later")
     assert data["failures"] == [] and len(data["runs"]) == 1
     run = data["runs"][0]
     assert len(run["keras_conv2d"]) == len(run["hybrid"]) == 2
@@ -748,6 +750,12 @@ def test_first_step_two_processes(tmp_path, fit):
     md = (tmp_path / "first_step.md").read_text()
     assert "| tensorflow | float32 | 2 |" in md
     assert ("`model.fit` of one batch" in md) is fit
+    assert ("## Later calls at other batch sizes" in md) is (mode == "later")
+    if mode == "later":
+        for r in run["keras_conv2d"] + run["hybrid"]:
+            assert list(r["later"]) == list(first_step.LATER)
+            assert all(_finite_positive(c["s"]) for c in r["later"].values())
+        assert [c["new_plans"] for c in two["later"].values()] == [0, 0, 0]
     from benchmarks.__main__ import HEADLINES
     line = HEADLINES["first_step"](data)
     assert "tensorflow float32: HybridConv2D" in line and "processes 1-2" in line
