@@ -148,8 +148,9 @@ def _later(model, x, y) -> Dict[str, dict]:
 
 
 def run_config(spec: dict) -> dict:
-    """One process: ``spec`` = ``{"kind", "batch", "dtype", "fit"}``; the first step's and the
-    steady step's seconds, and for HybridConv2D its picks and the cache's growth."""
+    """One process: ``spec`` = ``{"kind", "batch", "dtype", "fit", "later"}``; the first step's
+    and the steady step's seconds (with ``later``, :func:`_later`'s calls after them), and for
+    HybridConv2D its picks and the cache's growth."""
     import keras
     if spec["dtype"] == "bfloat16":
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
