@@ -301,8 +301,13 @@ def _rival(times: Dict[str, float]) -> Optional[str]:
     return min((c for c in times if c != "native"), key=times.get, default=None)
 
 
-def _close(a: float, b: float) -> bool:
-    """Whether two timings are within :data:`CONFIRM_BELOW` of each other."""
+def _close_race(times: Dict[str, float]) -> bool:
+    """Whether ``"native"`` and the fastest other candidate of ``times`` are within
+    :data:`CONFIRM_BELOW` of each other."""
+    rival = _rival(times)
+    if rival is None or "native" not in times:
+        return False
+    a, b = times["native"], times[rival]
     return max(a, b) < CONFIRM_BELOW * min(a, b)
 
 
@@ -455,9 +460,8 @@ def _to_confirm(times: Dict[str, float]) -> bool:
     """Whether a race that timed ``times`` is timed again at a larger batch, where there is
     one: ``"native"`` and its rival close, or (``CONFIRM_EVERY_WIN``) any rival winning."""
     rival = _rival(times)
-    return rival is not None and "native" in times and (
-        _close(times["native"], times[rival]) or
-        (B.CONFIRM_EVERY_WIN and _keep_native(times) == rival))
+    return _close_race(times) or (B.CONFIRM_EVERY_WIN and "native" in times and
+                                  rival is not None and _keep_native(times) == rival)
 
 
 def _same_race(entries: Dict[str, dict], shape: str, small: int, big: int) -> Optional[str]:
@@ -605,9 +609,8 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
         start = time.perf_counter() if start is None else start
     best = interleaved_best(steps, repeats, min_timed_s=min_timed_s, max_rounds=max_rounds,
                             drop_behind=drop_behind)
-    rival = _rival(best)
-    if again_if_close and rival is not None and "native" in best and \
-            _close(best["native"], best[rival]):
+    if again_if_close and _close_race(best):
+        rival = _rival(best)
         again = interleaved_best({c: steps[c] for c in ("native", rival)}, repeats,
                                  min_timed_s=min_timed_s, max_rounds=max_rounds)
         best.update({c: min(best[c], t) for c, t in again.items()})
