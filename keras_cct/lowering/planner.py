@@ -69,7 +69,7 @@ from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import interleaved_best, make_step
 from keras_cct.lowering.winograd import partition_images
 
-CACHE_VERSION = 27  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
+CACHE_VERSION = 28  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
 #                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
 #                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
 #                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
@@ -98,6 +98,7 @@ CACHE_VERSION = 27  # 3: steps fetch the forward; "auto" mode; 4: native margin,
 #                   space-to-depth; a close race at the layer's own batch timed again, warm
 #                   27: PyTorch times any winner again at the larger batch, and its native's
 #                   kernel copy is faster on wide kernels (older PyTorch races are stale)
+#                   28: TensorFlow's Winograd runs a grouped layer's groups at once (faster)
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the

@@ -17,7 +17,10 @@ one GEMM: a batched GEMM ``(n*n, tiles, c) x (n*n, c, o)``. Here, in Caffe con T
   stacked intermediate: :attr:`_Tiling.one_pass`);
 * **kernel transform** ``G g G^T`` (tiny): ``(3, 3, c, o) -> (n*n, c, o)``, one small GEMM by
   ``G (x) G``;
-* one batched GEMM per channel group;
+* one batched GEMM for every channel group on TensorFlow (each group's images are transformed as
+  images of their own, the groups then side by side on the GEMM's batched axis: one program
+  for XLA to compile, not one per group: ``WINOGRAD_GROUPS_AT_ONCE``), one per group on JAX
+  and PyTorch;
 * **lifting** (output transform ``A^T m A``): additions along the height, then the width, and one
   interleave of the m*m results to ``(b, m*th, m*tw, o)``, cropped to the output size.
 
@@ -268,81 +271,108 @@ def _concat(ts: Sequence):
     return ops.concatenate(list(ts), axis=-1) if len(ts) > 1 else ts[0]
 
 
-def _input_transform(t: _Tiling, x) -> List:
-    """Lowering: ``(b, h, w, c)`` -> one ``(nn, b*th*tw, cg)`` per group (``B^T d B``)."""
+def _groups_to_batch(x, groups: int):
+    """``(b, h, w, groups * c)`` -> ``(groups * b, h, w, c)``: each channel group as images of
+    its own, so that every group goes through one transform (one expression for XLA to
+    compile, where one per group made the program and its compilation as many times larger)
+    and, the transformed groups lying side by side on the GEMMs' batched axis, one batched
+    GEMM. The images are transposed, not the (larger) transformed data."""
+    if groups == 1:
+        return x
+    shape = _shape(x)
+    x = ops.transpose(ops.reshape(x, shape[:3] + [groups, shape[3] // groups]), (3, 0, 1, 2, 4))
+    return ops.reshape(x, [-1] + shape[1:3] + [shape[3] // groups])
+
+
+def _groups_to_channels(t: _Tiling, v, width: int):
+    """Inverse of :func:`_groups_to_batch` on the transformed side: ``(..., groups * b*th*tw,
+    width)`` (a GEMM's result, the groups on its rows) -> ``(..., b, th, tw, groups, width)``
+    (``(..., b, th, tw, width)`` for one group), for the lifting and the input's gradient,
+    which keep the groups as an axis of their own before the channels (:func:`_merged`) until
+    their result: XLA then computes it in one pass, where regrouping the result added a pass
+    and merging the groups into the channels first slowed that pass by its index arithmetic.
+    (F(2x2)'s lifting, of 16 inputs, lifts a group at a time: faster still.)"""
+    lead = _shape(v)[:-2]
+    g = t.geo.groups
+    if g == 1:
+        return ops.reshape(v, lead + [-1, t.th, t.tw, width])
+    k = len(lead)
+    v = ops.reshape(v, lead + [g, -1, t.th, t.tw, width])
+    return ops.transpose(v, tuple(range(k)) + (k + 1, k + 2, k + 3, k, k + 4))
+
+
+def _merged(t: _Tiling, y):
+    """``(b, h, w, groups, width)`` -> ``(b, h, w, groups * width)`` (one group: ``y``)."""
+    if t.geo.groups == 1:
+        return y
+    shape = _shape(y)
+    return ops.reshape(y, shape[:3] + [shape[3] * shape[4]])
+
+
+def _input_transform(t: _Tiling, x):
+    """Lowering: ``(b, h, w, c)`` -> ``(nn * groups, b*th*tw, cg)`` (``B^T d B``, every channel
+    group at once: :func:`_groups_to_batch`)."""
     bt, geo, m = _matrices(t.tile, t.r)[0], t.geo, t.m
-    xp = ops.pad(x, t.pads)
-    if t.one_pass:  # slices of one padded view, the group's channels included
+    xp = ops.pad(_groups_to_batch(x, geo.groups), t.pads)
+    if t.one_pass:  # slices of one padded view
         shape = _shape(xp)
         view = ops.reshape(xp, [shape[0], t.th + t.spare, m, t.tw + t.spare, m, shape[3]])
-        out = []
-        for g in range(geo.groups):
-            c = slice(g * geo.cg, (g + 1) * geo.cg)
-            v = _grid(_sums(lambda i, j: view[:, i // m:i // m + t.th, i % m,
-                                              j // m:j // m + t.tw, j % m, c], bt, bt), 0, 0)
-            out.append(ops.reshape(v, (t.nn, -1, geo.cg)))  # from (n, n, b, th, tw, cg)
-        return out
-    out = []
-    for xg in _groups(xp, geo.groups, geo.cg):
-        rows = ops.stack(_combine(_tile_slices(xg, 1, t.th, m, t.n), bt), axis=0)
+        v = _grid(_sums(lambda i, j: view[:, i // m:i // m + t.th, i % m,
+                                          j // m:j // m + t.tw, j % m], bt, bt), 0, 0)
+    else:
+        rows = ops.stack(_combine(_tile_slices(xp, 1, t.th, m, t.n), bt), axis=0)
         v = ops.stack(_combine(_tile_slices(rows, 3, t.tw, m, t.n), bt), axis=1)
-        out.append(ops.reshape(v, (t.nn, -1, geo.cg)))  # from (n, n, b, th, tw, c)
-    return out
+    return ops.reshape(v, (t.nn * geo.groups, -1, geo.cg))  # from (n, n, g*b, th, tw, cg)
 
 
-def _input_adjoint(t: _Tiling, dvs: Sequence):
-    """Adjoint of :func:`_input_transform`: one ``(nn, b*th*tw, cg)`` per group ->
-    ``(b, h, w, c)``."""
+def _input_adjoint(t: _Tiling, dv):
+    """Adjoint of :func:`_input_transform`: ``(nn * groups, b*th*tw, cg)`` -> ``(b, h, w, c)``."""
     bt, geo, m = _matrices(t.tile, t.r)[0], t.geo, t.m
     (pt, _), (pl, _) = geo.pad
-    out = []
-    for dv in dvs:
-        dv = ops.reshape(dv, (t.n, t.n, -1, t.th, t.tw, geo.cg))
-        cols = _combine([dv[:, j] for j in range(t.n)], bt.T)  # n x (n, b, th, tw, c)
-        rows = _overlap_add(cols, 3, t.tw, m)  # (n, b, th, wp, c)
-        dxp = _overlap_add(_combine([rows[i] for i in range(t.n)], bt.T), 1, t.th, m)
-        out.append(dxp[:, pt:pt + geo.in_h, pl:pl + geo.in_w, :])
-    return _join(out)
+    dv = _groups_to_channels(t, ops.reshape(dv, (t.n, t.n, -1, geo.cg)), geo.cg)
+    cols = _combine([dv[:, j] for j in range(t.n)], bt.T)  # n x (n, b, th, tw, [g,] cg)
+    rows = _overlap_add(cols, 3, t.tw, m)  # (n, b, th, wp, [g,] cg)
+    dxp = _overlap_add(_combine([rows[i] for i in range(t.n)], bt.T), 1, t.th, m)
+    return _merged(t, dxp[:, pt:pt + geo.in_h, pl:pl + geo.in_w])
 
 
-def _output_transform(t: _Tiling, mms: Sequence):
-    """Lifting (``A^T M A``): one ``(nn, b*th*tw, og)`` per group -- for F(2x2), as the list of
-    its ``nn`` tile positions (see :func:`_transforms`) -- -> ``(b, out_h, out_w, o)``."""
+def _output_transform(t: _Tiling, mm):
+    """Lifting (``A^T M A``): ``(nn * groups, b*th*tw, og)`` -- for F(2x2), as the list of its
+    ``nn`` tile positions, each ``(groups*b*th*tw, og)`` (see :func:`_transforms`) -- ->
+    ``(b, out_h, out_w, o)``."""
     at, geo, m, n = _matrices(t.tile, t.r)[2], t.geo, t.m, t.n
-    out = []
-    for mm in mms:
-        if t.one_pass:
-            mm = [ops.reshape(z, (-1, t.th, t.tw, geo.og)) for z in mm]
-            y = _grid(_sums(lambda i, j: mm[i * n + j], at, at), 2, 3)  # (b, th, m, tw, m, o)
+    if t.one_pass:
+        g = geo.groups
+        outs = []
+        for k in range(g):
+            mk = [ops.reshape(z, (-1, t.th, t.tw, geo.og)) for z in mm[k::g]]
+            y = _grid(_sums(lambda i, j: mk[i * n + j], at, at), 2, 3)  # (b, th, m, tw, m, o)
             shape = _shape(y)
             y = ops.reshape(y, [shape[0], shape[1] * m, shape[3] * m, shape[5]])
-        else:
-            mm = ops.reshape(mm, (n, n, -1, t.th, t.tw, geo.og))
-            rows = _combine([mm[i] for i in range(n)], at)  # m x (n, b, th, tw, o)
-            y = _interleave([_interleave(_combine([r[j] for j in range(n)], at), 2)
-                             for r in rows], 1)
-        out.append(y[:, :geo.out_h, :geo.out_w, :])
-    return _join(out)
+            outs.append(y[:, :geo.out_h, :geo.out_w])
+        return _join(outs)
+    else:
+        mm = _groups_to_channels(t, ops.reshape(mm, (n, n, -1, geo.og)), geo.og)
+        rows = _combine([mm[i] for i in range(n)], at)  # m x (n, b, th, tw, [g,] og)
+        y = _interleave([_interleave(_combine([r[j] for j in range(n)], at), 2)
+                         for r in rows], 1)
+    return _merged(t, y[:, :geo.out_h, :geo.out_w])
 
 
-def _output_adjoint(t: _Tiling, dy) -> List:
-    """Adjoint of :func:`_output_transform`: ``(b, out_h, out_w, o)`` -> one
-    ``(nn, b*th*tw, og)`` per group."""
+def _output_adjoint(t: _Tiling, dy):
+    """Adjoint of :func:`_output_transform`: ``(b, out_h, out_w, o)`` -> ``(nn * groups,
+    b*th*tw, og)``."""
     at, geo, m = _matrices(t.tile, t.r)[2], t.geo, t.m
+    dy = _groups_to_batch(dy, geo.groups)
     if (m * t.th, m * t.tw) != (geo.out_h, geo.out_w):
         dy = ops.pad(dy, [[0, 0], [0, m * t.th - geo.out_h], [0, m * t.tw - geo.out_w], [0, 0]])
-    view = ops.reshape(dy, (-1, t.th, m, t.tw, m, geo.filters))
-    out = []
-    for g in range(geo.groups):
-        c = slice(g * geo.og, (g + 1) * geo.og)
-        if t.one_pass:
-            dm = _grid(_sums(lambda i, j: view[:, :, i, :, j, c], at.T, at.T), 0, 0)
-        else:
-            dg = view[..., c]
-            cols = ops.stack(_combine([dg[:, :, :, :, j] for j in range(m)], at.T), axis=0)
-            dm = ops.stack(_combine([cols[:, :, :, i] for i in range(m)], at.T), axis=0)
-        out.append(ops.reshape(dm, (t.nn, -1, geo.og)))  # (n_h, n_w, b, th, tw, o) flat
-    return out
+    view = ops.reshape(dy, (-1, t.th, m, t.tw, m, geo.og))
+    if t.one_pass:
+        dm = _grid(_sums(lambda i, j: view[:, :, i, :, j], at.T, at.T), 0, 0)
+    else:
+        cols = ops.stack(_combine([view[:, :, :, :, j] for j in range(m)], at.T), axis=0)
+        dm = ops.stack(_combine([cols[:, :, :, i] for i in range(m)], at.T), axis=0)
+    return ops.reshape(dm, (t.nn * geo.groups, -1, geo.og))  # from (n, n, g*b, th, tw, og)
 
 
 def _per_group(fn, groups: int, width: int):
@@ -355,20 +385,62 @@ def _joined(fn):
     return lambda parts: _concat([fn(p) for p in parts])
 
 
-def _unstacked(lift):
-    """``lift`` given each group's ``(nn, ...)`` GEMM result as a list of ``nn`` tensors (the
-    compiled function stays reachable as ``.fused``)."""
-    def run(mms):
-        return lift([ops.unstack(mm) for mm in mms])
+def _in_lists(fn, takes: bool, gives: bool, unstack: bool = False):
+    """``fn`` (every group in one tensor) behind the per-group interface of :func:`_transforms`:
+    a list of one in (``takes``; unstacked along its first axis with ``unstack``) and out
+    (``gives``); ``fn`` stays reachable as ``.fused``."""
+    def run(a):
+        if takes:
+            (a,) = a
+            a = ops.unstack(a) if unstack else a
+        y = fn(a)
+        return [y] if gives else y
 
-    run.fused = lift
+    run.fused = fn
     return run
+
+
+def _kernel_transforms(t: _Tiling) -> Tuple[Callable, Callable]:
+    """``(transform, adjoint)`` of the kernel, ``G g G^T`` as one small GEMM: ``transform``
+    takes ``(r, r, cg, o)`` to the list of what the GEMMs take, on PyTorch one ``(nn, cg, og)``
+    per group, elsewhere ``[(nn * groups, cg, og)]``, the groups on the batched axis as
+    :func:`_input_transform` puts them; ``adjoint`` takes the list of their gradients back to
+    ``(r, r, cg, o)``. The groups are reordered on the kernel (r*r values a channel pair), not
+    on its transform (nn)."""
+    geo, r = t.geo, t.r
+    g, cg, og, o = geo.groups, geo.cg, geo.og, geo.filters
+    gm = _matrices(t.tile, r)[1]
+    gg = np.kron(gm, gm)  # (nn, r*r): G g G^T for every (c, o) pair at once
+    fold = g > 1 and B.WINOGRAD_GROUPS_AT_ONCE
+
+    def transform(k):
+        if fold:  # each group's filters after the other's: (r, r, g, cg, og)
+            k = ops.transpose(ops.reshape(k, (r, r, cg, g, og)), (0, 1, 3, 2, 4))
+        u = B.matmul(B.constant(gg, k), ops.reshape(k, (r * r, cg * o)))
+        if fold:
+            return [ops.reshape(u, (t.nn * g, cg, og))]
+        return _groups(ops.reshape(u, (t.nn, cg, o)), g, og)
+
+    def adjoint(dus):
+        du = dus[0] if fold else _concat(dus)
+        dk = B.matmul_tn(B.constant(gg, du), ops.reshape(du, (t.nn, cg * o)))
+        if fold:
+            dk = ops.transpose(ops.reshape(dk, (r, r, g, cg, og)), (0, 1, 3, 2, 4))
+        return ops.reshape(dk, (r, r, cg, o))
+
+    return transform, adjoint
 
 
 #: The axis that follows the batch in each kind of the transforms' arguments, by rank: images
 #: ``(b, h, w, c)``, a GEMM's operand ``(nn, b*th*tw, c)`` and one tile position's rows
 #: ``(b*th*tw, c)`` (the backend's ``fused`` traces each transform once for every batch).
 BATCH_AXES = {4: 0, 3: 1, 2: 0}
+
+
+def _one_group(t: _Tiling) -> _Tiling:
+    """The tiling of one channel group's convolution."""
+    g = t.geo
+    return _Tiling(replace(g, channels=g.cg, filters=g.og, groups=1), t.tile)
 
 
 def _side(t: _Tiling, output: bool) -> _Tiling:
@@ -393,28 +465,40 @@ def _fused(f: Callable, t: _Tiling) -> Callable:
 @functools.lru_cache(maxsize=256)
 def _transforms(t: _Tiling) -> Tuple:
     """``(input_transform, input_adjoint, output_transform, output_adjoint, gemm, gemm_dv,
-    gemm_du)`` for ``t``: the ``keras.ops`` transforms, each passed through the backend's
+    gemm_du, kernel_transform, kernel_adjoint)`` for ``t``, the data of each channel group as
+    one item of a list: the ``keras.ops`` transforms, each passed through the backend's
     ``fused`` (on TensorFlow one XLA cluster each, made once per tiling of its side:
-    :func:`_side`), and batched GEMMs; on PyTorch the in-place forms of
-    :mod:`keras_cct.lowering.winograd_torch`, a group at a time. F(2x2)'s lifting gets its GEMM
-    results unstacked (one tensor per tile position; on TensorFlow views, no copy): from one
-    16-bit tensor, XLA converted the whole of it to float32 in a pass of its own before the
-    lifting (CaffeNet conv4 at batch 32 in bfloat16: 3.6-5.1 ms one tensor, 1.9-2.1 ms
-    unstacked)."""
+    :func:`_side`), every group at once (a list of one: :func:`_groups_to_batch`) or, where
+    the backend's ``WINOGRAD_GROUPS_AT_ONCE`` is off, one group's transforms per group
+    (:func:`_one_group`; on PyTorch the in-place forms of
+    :mod:`keras_cct.lowering.winograd_torch`), and batched GEMMs. The transformed kernel goes
+    through ``kernel_transform`` to the GEMMs and its gradient back through ``kernel_adjoint``
+    (:func:`_kernel_transforms`). F(2x2)'s lifting gets its GEMM results unstacked (one tensor
+    per tile position; on TensorFlow views, no copy): from one 16-bit tensor, XLA converted
+    the whole of it to float32 in a pass of its own before the lifting (CaffeNet conv4 at
+    batch 32 in bfloat16: 3.6-5.1 ms one tensor, 1.9-2.1 ms unstacked)."""
+    folds = _kernel_transforms(t)
+    geo = t.geo
     if B.NAME == "torch":
         (input_transform, input_adjoint, output_transform, output_adjoint,
          *gemms) = torch_transforms(t)
-        geo = t.geo
         return (_per_group(input_transform, geo.groups, geo.cg), _joined(input_adjoint),
                 _joined(output_transform), _per_group(output_adjoint, geo.groups, geo.og),
-                *gemms)
-    fused = tuple(_fused(f, _side(t, output=i >= 2)) for i, f in enumerate(
+                *gemms, *folds)
+    if geo.groups > 1 and not B.WINOGRAD_GROUPS_AT_ONCE:  # one group's transforms per group
+        fi, fia, fo, foa, *gemms = _transforms(_one_group(t))[:7]
+        return (lambda x: [v for xg in _groups(x, geo.groups, geo.cg) for v in fi(xg)],
+                lambda dvs: _join([fia([dv]) for dv in dvs]),
+                lambda mms: _join([fo([mm]) for mm in mms]),
+                lambda dy: [dm for dg in _groups(dy, geo.groups, geo.og) for dm in foa(dg)],
+                *gemms, *folds)
+    fi, fia, fo, foa = (_fused(f, _side(t, output=i >= 2)) for i, f in enumerate(
         (_input_transform, _input_adjoint, _output_transform, _output_adjoint)))
-    if t.one_pass:  # the lifting takes each tile position's GEMM result as its own tensor
-        fused = fused[:2] + (_unstacked(fused[2]),) + fused[3:]
-    return fused + (B.bmm,
-                    lambda dm, u: B.bmm(dm, u, tb=True),
-                    lambda v, dm: B.bmm(v, dm, ta=True))
+    # F(2x2)'s lifting takes each tile position's GEMM result as its own tensor
+    return (_in_lists(fi, False, True), _in_lists(fia, True, False),
+            _in_lists(fo, True, False, unstack=t.one_pass), _in_lists(foa, False, True), B.bmm,
+            lambda dm, u: B.bmm(dm, u, tb=True),
+            lambda v, dm: B.bmm(v, dm, ta=True), *folds)
 
 
 # ------------------------------------------------------------------ the convolution
@@ -476,24 +560,13 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
         raise ValueError(f"winograd_conv2d needs a {' or '.join(f'{k}x{k}' for k in KERNELS)} "
                          "kernel at stride 1 and dilation 1")
     t = _Tiling(geo, tile)
-    gm, r = _matrices(tile, t.r)[1], t.r
     (input_transform, input_adjoint, output_transform, output_adjoint,
-     gemm, gemm_dv, gemm_du) = _transforms(t)
-    cg, og, o = geo.cg, geo.og, geo.filters
-    gg = np.kron(gm, gm)  # (nn, r*r): G g G^T for every (c, o) pair at once
+     gemm, gemm_dv, gemm_du, kernel_transform, kernel_adjoint) = _transforms(t)
     n = x.shape[0]
     if images is None:  # a static batch: partition_images; an unknown one: sized in the loop
         sizer = partition_images if n is not None else partition_target
         images = sizer(geo, tile, n or geo.batch or PLAN_BATCH, value_bytes(x.dtype))
     images = max(1, int(images))
-
-    def kernel_transform(k):  # (r, r, cg, o) -> (nn, cg, o): one small GEMM
-        u = B.matmul(B.constant(gg, k), ops.reshape(k, (r * r, cg * o)))
-        return ops.reshape(u, (t.nn, cg, o))
-
-    def kernel_adjoint(du):  # (nn, cg, o) -> (3, 3, cg, o)
-        dk = B.matmul_tn(B.constant(gg, du), ops.reshape(du, (t.nn, cg * o)))
-        return ops.reshape(dk, (r, r, cg, o))
 
     def lift(xq, us):
         vs = input_transform(xq)
@@ -505,7 +578,7 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
                 [gemm_du(v, dm) for v, dm in zip(vs, dms)])
 
     def forward(x, kernel):
-        us = _groups(kernel_transform(kernel), geo.groups, og)
+        us = kernel_transform(kernel)
         if n is None:  # a loop in the graph; the backward transforms x again
             (y,), _ = B.map_batch(lambda xq: ([lift(xq, us)[0]], []), [x], images)
             return y, (None, x, us)
@@ -524,13 +597,13 @@ def winograd_conv2d(x, kernel, geo: ConvGeometry, *, tile: int = 2,
                 return [dx], dus
 
             (dx,), dus = B.map_batch(part, [x, dy], images)
-            return dx, kernel_adjoint(_concat(dus))
+            return dx, kernel_adjoint(dus)
         dxs, dus = [], []
         for vs, dyq in zip(vparts, _partitions(dy, images)):
             dx, du = lift_adjoint(vs, dyq, us)
             dxs.append(dx)
             dus.append(du)
-        du = _concat([B.add_n(list(per_group)) for per_group in zip(*dus)])
+        du = [B.add_n(list(per_group)) for per_group in zip(*dus)]
         return _concat_batch(dxs), kernel_adjoint(du)
 
     return B.custom_conv(forward, backward, x, kernel)

@@ -14,13 +14,15 @@ from tests import reference as ref
 from tests.backend_grads import layer_grads, to_numpy
 
 # (input shape, kernel shape, padding, groups): odd and even sizes, padding 0, 1, "same" and
-# asymmetric, groups 1 and 2, batch 1 to 3, outputs that are and are not multiples of the tile.
+# asymmetric, groups 1 to 3 (TensorFlow transforms them at once, in another order), batch 1 to
+# 3, outputs that are and are not multiples of the tile.
 CASES = {
     "valid_odd": ((1, 7, 9, 5), (3, 3, 5, 4), 0, 1),
     "pad1_even": ((2, 8, 6, 6), (3, 3, 6, 3), 1, 1),
     "asym_groups2": ((3, 9, 6, 4), (3, 3, 2, 6), ((1, 2), (0, 1)), 2),
     "same_13": ((2, 13, 13, 8), (3, 3, 8, 5), "same", 1),
     "groups2_pad1": ((1, 11, 10, 8), (3, 3, 4, 4), 1, 2),
+    "groups3_pad1": ((2, 7, 8, 6), (3, 3, 2, 9), 1, 3),
     "tiny": ((1, 3, 3, 2), (3, 3, 2, 2), 0, 1),
     # 5x5 kernels (CaffeNet's conv2 is 5x5, padding 2, two groups)
     "k5_pad2_groups2": ((2, 11, 9, 6), (5, 5, 3, 4), 2, 2),
@@ -78,7 +80,7 @@ def _case(name, dtype=np.float64):
 
 #: F(4x4) on fewer cases: each case is one XLA compilation on JAX (seconds).
 F64_RUNS = [(c, 2) for c in sorted(CASES)] + [(c, 4) for c in ("valid_odd", "asym_groups2",
-                                                              "same_13") + K5]
+                                                              "groups3_pad1", "same_13") + K5]
 
 
 @pytest.mark.parametrize("case,tile", F64_RUNS)
@@ -164,14 +166,18 @@ def test_layers_alike_on_one_side_share_its_transforms():
     (one input, 384 or 256 filters) share the input transform and its adjoint, not the lifting;
     VGG16's conv3_1 and conv3_2 (128 or 256 channels in, one output) the lifting and its
     adjoint, not the input's; other padding (another output size) shares neither. The batch
-    is no part of it. (Their results: the tests above, every case through these tilings.)"""
+    is no part of it. Where a backend transforms each channel group as a convolution of its
+    own (``WINOGRAD_GROUPS_AT_ONCE`` off: JAX), those are one group's transforms. (Their
+    results: the tests above, every case through these tilings.)"""
     if keras.backend.backend() == "torch":
         pytest.skip("PyTorch's transforms are not compiled")
-    from keras_cct.lowering.winograd import _Tiling, _transforms
+    from keras_cct.lowering import _backend as B
+    from keras_cct.lowering.winograd import _one_group, _Tiling, _transforms
 
     def sides(xs, ks, padding=1, groups=1):
-        fns = _transforms(_Tiling(conv_geometry(xs, ks, padding=padding, groups=groups), 2))
-        return fns[:2], (fns[2].fused, fns[3])
+        t = _Tiling(conv_geometry(xs, ks, padding=padding, groups=groups), 2)
+        fns = _transforms(t if B.WINOGRAD_GROUPS_AT_ONCE else _one_group(t))
+        return tuple(f.fused for f in fns[:2]), tuple(f.fused for f in fns[2:4])
 
     conv4 = sides((32, 13, 13, 384), (3, 3, 192, 384), groups=2)
     conv5 = sides((16, 13, 13, 384), (3, 3, 192, 256), groups=2)
@@ -301,7 +307,7 @@ def test_tensorflow_transforms_compiled_once_per_shape():
         return winograd_conv2d(a, k, geo, tile=2)
 
     y3 = to_numpy(unknown_batch(x3))
-    fns = [getattr(f, "fused", f).compiled for f in _transforms(_Tiling(geo, 2))[:4]]
+    fns = [f.fused.compiled for f in _transforms(_Tiling(geo, 2))[:4]]
     assert [f.experimental_get_tracing_count() for f in fns] == [1, 1, 1, 1]
     y_ref = ref.conv2d(x.astype(np.float64), k.astype(np.float64), padding=padding, groups=groups)
     assert all(ref.rel_err(y, y_ref) < F32_TOL[2] for y in ys)

@@ -19,6 +19,9 @@ NAME = "torch"
 #: AMX, forward+backward, ``"native"`` 18.5 ms at 2 images against Type 1's 9.3 (so Type 1
 #: won by 2x, no close race to confirm), 23.3 against 27.5 at the layer's 8.
 CONFIRM_EVERY_WIN = True
+#: Winograd's PyTorch transforms (:mod:`keras_cct.lowering.winograd_torch`) run a group at a
+#: time.
+WINOGRAD_GROUPS_AT_ONCE = False
 __all__ = generic.__all__
 
 
