@@ -34,7 +34,8 @@ WINOGRAD_PARTITIONS = True
 #: groups as images of their own, then side by side on the batched GEMM's axis:
 #: :func:`keras_cct.lowering.winograd._groups_to_batch`), or each group as a convolution of its
 #: own. At once, TensorFlow compiles about half the program (CaffeNet's conv2, conv4 and
-#: conv5, the first call of each Winograd form: 0.7-2.7 -> 0.5-1.6 s) and runs it as fast.
+#: conv5 at batch 32, each Winograd form's first call: 0.8-2.5 -> 0.5-1.5 s) and runs the
+#: steps in 0.95-1.02x the time (2-core Intel Xeon, interleaved).
 WINOGRAD_GROUPS_AT_ONCE = True
 #: Whether max pooling runs as its window's slices with a saved index
 #: (:mod:`keras_cct.lowering.pooling`) rather than the backend's own op. Not here: each slice
