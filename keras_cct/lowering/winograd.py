@@ -351,11 +351,9 @@ def _output_transform(t: _Tiling, mm):
             y = ops.reshape(y, [shape[0], shape[1] * m, shape[3] * m, shape[5]])
             outs.append(y[:, :geo.out_h, :geo.out_w])
         return _join(outs)
-    else:
-        mm = _groups_to_channels(t, ops.reshape(mm, (n, n, -1, geo.og)), geo.og)
-        rows = _combine([mm[i] for i in range(n)], at)  # m x (n, b, th, tw, [g,] og)
-        y = _interleave([_interleave(_combine([r[j] for j in range(n)], at), 2)
-                         for r in rows], 1)
+    mm = _groups_to_channels(t, ops.reshape(mm, (n, n, -1, geo.og)), geo.og)
+    rows = _combine([mm[i] for i in range(n)], at)  # m x (n, b, th, tw, [g,] og)
+    y = _interleave([_interleave(_combine([r[j] for j in range(n)], at), 2) for r in rows], 1)
     return _merged(t, y[:, :geo.out_h, :geo.out_w])
 
 
@@ -477,28 +475,28 @@ def _transforms(t: _Tiling) -> Tuple:
     per tile position; on TensorFlow views, no copy): from one 16-bit tensor, XLA converted
     the whole of it to float32 in a pass of its own before the lifting (CaffeNet conv4 at
     batch 32 in bfloat16: 3.6-5.1 ms one tensor, 1.9-2.1 ms unstacked)."""
-    folds = _kernel_transforms(t)
+    kernel = _kernel_transforms(t)
     geo = t.geo
     if B.NAME == "torch":
         (input_transform, input_adjoint, output_transform, output_adjoint,
          *gemms) = torch_transforms(t)
         return (_per_group(input_transform, geo.groups, geo.cg), _joined(input_adjoint),
                 _joined(output_transform), _per_group(output_adjoint, geo.groups, geo.og),
-                *gemms, *folds)
+                *gemms, *kernel)
     if geo.groups > 1 and not B.WINOGRAD_GROUPS_AT_ONCE:  # one group's transforms per group
         fi, fia, fo, foa, *gemms = _transforms(_one_group(t))[:7]
         return (lambda x: [v for xg in _groups(x, geo.groups, geo.cg) for v in fi(xg)],
                 lambda dvs: _join([fia([dv]) for dv in dvs]),
                 lambda mms: _join([fo([mm]) for mm in mms]),
                 lambda dy: [dm for dg in _groups(dy, geo.groups, geo.og) for dm in foa(dg)],
-                *gemms, *folds)
+                *gemms, *kernel)
     fi, fia, fo, foa = (_fused(f, _side(t, output=i >= 2)) for i, f in enumerate(
         (_input_transform, _input_adjoint, _output_transform, _output_adjoint)))
     # F(2x2)'s lifting takes each tile position's GEMM result as its own tensor
     return (_in_lists(fi, False, True), _in_lists(fia, True, False),
             _in_lists(fo, True, False, unstack=t.one_pass), _in_lists(foa, False, True), B.bmm,
             lambda dm, u: B.bmm(dm, u, tb=True),
-            lambda v, dm: B.bmm(v, dm, ta=True), *folds)
+            lambda v, dm: B.bmm(v, dm, ta=True), *kernel)
 
 
 # ------------------------------------------------------------------ the convolution

@@ -47,7 +47,7 @@ MAX_PARTITIONS = 4
 #: another copy of the transforms for XLA to compile.
 WINOGRAD_PARTITIONS = False
 #: Each channel group's Winograd as a convolution of its own: all groups at once, XLA
-#: compiled CaffeNet's grouped layers in about half the time (F(2x2) 1.0-1.8 -> 0.6-0.9 s), but
+#: compiled CaffeNet's grouped layers in about half the time (F(2x2) 1.0-1.9 -> 0.5-1.0 s), but
 #: the jitted step ran 0.93-1.11x as long in float32 and 1.02-1.05x in bfloat16 (one batched
 #: GEMM over the groups instead of one per group; 2-core Intel Xeon, interleaved).
 WINOGRAD_GROUPS_AT_ONCE = False
