@@ -338,8 +338,8 @@ def _input_adjoint(t: _Tiling, dv):
 
 def _output_transform(t: _Tiling, mm):
     """Lifting (``A^T M A``): ``(nn * groups, b*th*tw, og)`` -- for F(2x2), as the list of its
-    ``nn`` tile positions, each ``(groups*b*th*tw, og)`` (see :func:`_transforms`) -- ->
-    ``(b, out_h, out_w, o)``."""
+    ``nn * groups`` rows (tile position, then group), each ``(b*th*tw, og)`` (see
+    :func:`_transforms`), lifted a group at a time -- -> ``(b, out_h, out_w, o)``."""
     at, geo, m, n = _matrices(t.tile, t.r)[2], t.geo, t.m, t.n
     if t.one_pass:
         g = geo.groups
@@ -493,8 +493,9 @@ def _transforms(t: _Tiling) -> Tuple:
     fi, fia, fo, foa = (_fused(f, _side(t, output=i >= 2)) for i, f in enumerate(
         (_input_transform, _input_adjoint, _output_transform, _output_adjoint)))
     # F(2x2)'s lifting takes each tile position's GEMM result as its own tensor
-    return (_in_lists(fi, False, True), _in_lists(fia, True, False),
-            _in_lists(fo, True, False, unstack=t.one_pass), _in_lists(foa, False, True), B.bmm,
+    return (_in_lists(fi, takes=False, gives=True), _in_lists(fia, takes=True, gives=False),
+            _in_lists(fo, takes=True, gives=False, unstack=t.one_pass),
+            _in_lists(foa, takes=False, gives=True), B.bmm,
             lambda dm, u: B.bmm(dm, u, tb=True),
             lambda v, dm: B.bmm(v, dm, ta=True), *kernel)
 
