@@ -69,36 +69,7 @@ from keras_cct.lowering.names import ALL_LOWERINGS, LOWERED_TYPES, PLANNER_MODES
 from keras_cct.lowering.timing import interleaved_best, make_step
 from keras_cct.lowering.winograd import partition_images
 
-CACHE_VERSION = 28  # 3: steps fetch the forward; "auto" mode; 4: native margin, confirmation;
-#                   5: interleaved rounds, planned per batch; 6: depthwise, the budget;
-#                   7: Winograd's transforms fused (XLA clusters on TF): older picks of native
-#                   over Winograd are stale; 8: F(2x2)'s transforms in one pass each;
-#                   9: a close race is confirmed at the larger batch whoever leads;
-#                   10: short calls timed in more rounds (AUTO_MIN_TIMED_S);
-#                   11: JAX's native pads first where "same" cannot pad (older races are
-#                   stale);
-#                   a layer with a bias is timed with it (part of the key);
-#                   12: one race at the layer's batch, no confirmation (reverted: slower
-#                   first uses); 13: a candidate far behind is dropped (AUTO_DROP_BEHIND);
-#                   14: TensorFlow's native grouped layers are one grouped Conv2D (faster);
-#                   15: TF's Winograd raced at the layer's batch (race_batch), F(4x4)
-#                   first on large planes (auto_order); 16: JAX's and TF's native pad
-#                   in the convolution wherever the pads are "same"'s, uneven ones too;
-#                   17: JAX's bfloat16 GEMMs through XLA's library (older races are stale);
-#                   18: JAX's transposed bfloat16 GEMMs (the backwards) through it too;
-#                   19: JAX's steps take float32 weights cast in the step, as a layer does
-#                   20: no batch partitions where a lowering repeats nothing; JAX at most 4;
-#                   a 1x1 Type 1 at stride 1 is a reshape (no gather); 21: JAX's native runs
-#                   one-row and one-column kernels as one-dimensional convolutions;
-#                   22: batch partitions count a bfloat16 value at 2 bytes (were 4);
-#                   23: Winograd in batch partitions (faster at large batches); 24: a race
-#                   with Winograd partitions at the fewest whole ones (race_batch); 25:
-#                   partitions of one size (a near divisor of the batch); a close compiled
-#                   race timed again, warm; 26: the cost model's type raced before
-#                   space-to-depth; a close race at the layer's own batch timed again, warm
-#                   27: PyTorch times any winner again at the larger batch, and its native's
-#                   kernel copy is faster on wide kernels (older PyTorch races are stale)
-#                   28: TensorFlow's Winograd runs a grouped layer's groups at once (faster)
+CACHE_VERSION = 28  # what each version made stale: docs/lowering.md, "Planner cache versions"
 
 #: ``mode="auto"`` times candidates at no more than this many images, and no more than
 #: :data:`AUTO_FLOPS_PER_CALL` forward+backward flops per call (time grows with the batch, the
@@ -148,20 +119,21 @@ COMPILED_FLOPS_PER_CALL = 48e9
 #: compiling each -- most of that layer's 27-31 s first use on JAX.
 WINOGRAD_MIN_CHANNELS = 16
 #: Seconds ``mode="auto"`` may spend on a new shape before it starts no further candidate
-#: (``$KERAS_CCT_PLAN_BUDGET`` overrides; ``mode="measure"`` has no budget), counted from
-#: the moment ``"native"``, always first, is compiled (what keras Conv2D costs as well); the
-#: others follow in the order of :data:`AUTO_ORDER`. The rounds run on the candidates
-#: started, and a close race's confirmation (two more compilations) runs regardless.
-#: Compiling a candidate is most of a first use on JAX (XLA: 0.3-1.8 s each on VGG16 conv1_2,
-#: F(4x4) the slowest) and on TensorFlow (0.2-1.9 s for the first trace of a lowering in a
-#: process); without the budget a first use took up to 6.5 s. The race also ends before a
-#: second Winograd whose start, as long as that lowering's took in the races cached for this
-#: backend, device, dtype and grouping (:func:`expected_start_s`), would end past the budget:
-#: its compilation (0.8-1.5 s) took a first use past two seconds for a pick 0-9% faster than
-#: the first Winograd, where it won at all (TensorFlow and JAX, 2-core Intel Xeon). Only a
-#: second Winograd: leaving out any candidate by its estimate changed which were raced, and
-#: JAX's VGG16 conv4_2 then ran ``"native"`` in float32 (1.01x keras Conv2D, F(2x2) 1.53x),
-#: its 7x7x512 layers in bfloat16 F(2x2) instead of Type 1 (1.85x against 2.44x).
+#: (``$KERAS_CCT_PLAN_BUDGET`` overrides; ``mode="measure"`` has no budget), counted from the
+#: moment ``"native"``, always first, is compiled (what keras Conv2D costs as well); the others
+#: follow in the order of :data:`AUTO_ORDER`. The rounds run on the candidates started, and a close
+#: race's confirmation (two more compilations) runs regardless. Compiling a candidate is most of a
+#: first use on JAX (XLA: 0.3-1.8 s each on VGG16 conv1_2, F(4x4) the slowest) and on TensorFlow
+#: (0.2-1.9 s for the first trace of a lowering in a process); without the budget a first use took
+#: up to 6.5 s. The race also ends before a second Winograd whose start, as long as that lowering's
+#: took in the races cached for this backend, device, dtype and grouping (:func:`expected_start_s`;
+#: where none recorded it, as long as the first Winograd's start in this race,
+#: :func:`_start_estimate`), would end past the budget: its compilation (0.8-1.5 s) took a first
+#: use past two seconds for a pick 0-9% faster than the first Winograd, where it won at all
+#: (TensorFlow and JAX, 2-core Intel Xeon). Only a second Winograd: leaving out any candidate by
+#: its estimate changed which were raced, and JAX's VGG16 conv4_2 then ran ``"native"`` in float32
+#: (1.01x keras Conv2D, F(2x2) 1.53x), its 7x7x512 layers in bfloat16 F(2x2) instead of Type 1
+#: (1.85x against 2.44x).
 AUTO_BUDGET_S = 1.0
 #: The order ``mode="auto"`` times its shortlist in after ``"native"``: Winograd F(2x2) (2.25x
 #: fewer multiplications on 3x3 layers; the one that won on TensorFlow, in float32 and
@@ -394,6 +366,16 @@ def _second_winograd(lowering: str, started) -> bool:
     return lowering in WINOGRAD_TILE and any(c in WINOGRAD_TILE for c in started)
 
 
+def _start_estimate(lowering: str, recorded: Dict[str, float], took: Dict[str, float]) -> float:
+    """Seconds the start of ``lowering``, a second Winograd, is expected to take: as long as
+    in the races cached (``recorded``, :func:`expected_start_s`), or, where none recorded it,
+    as long as the first Winograd's start just ``took`` (on an empty cache: TensorFlow,
+    CaffeNet's conv3 at 16 images in float32, 0.93 s for F(2x2), then 0.95 s for F(4x4))."""
+    if lowering in recorded:
+        return recorded[lowering]
+    return max((s for c, s in took.items() if c in WINOGRAD_TILE), default=0.0)
+
+
 def _model_choice(geo, cands, batch, training, machine) -> str:
     return min(cands, key=lambda c: estimate_seconds(cost(geo, c, batch=batch), machine,
                                                      training=training))
@@ -570,11 +552,12 @@ def time_lowerings(geo: ConvGeometry, lowerings: Sequence[str], *, batch: int = 
     warm (nothing traced or compiled again), and the best of all rounds counts: a race of
     three rounds just after the compilation can rank a clear winner behind (CaffeNet conv4,
     TF, 16 images, 2-core AMD EPYC: ``"native"`` kept, 96 ms against F(2x2)'s 101, where ten
-    interleaved rounds of the warm steps take 76 and 54). With ``budget_s`` and
-    ``start_estimates`` (seconds a lowering's start took before, :func:`expected_start_s`),
-    a second Winograd (one after another was started) is not, and no candidate after it,
-    where the time spent and its estimate overrun the budget; ``start_seconds``, when given,
-    receives the seconds each started candidate's start took (make, compile, first call)."""
+    interleaved rounds of the warm steps take 76 and 54). With ``budget_s``, a second
+    Winograd (one after another was started) is not started, and no candidate after it, where
+    the time spent and its expected start overrun the budget (:func:`_start_estimate`:
+    ``start_estimates``, seconds a lowering's start took before, :func:`expected_start_s`,
+    or else the first Winograd's start in this race); ``start_seconds``, when given, receives
+    the seconds each started candidate's start took (make, compile, first call)."""
     import concurrent.futures
     # A layer may be built while TF traces a function (its graph and paused gradient tapes are
     # thread-local): time on a fresh thread, which starts in plain eager mode.
@@ -593,18 +576,19 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
-    steps, start = {}, None
+    steps, start, took = {}, None, {}
     for low in lowerings:
         if start is not None and budget_s is not None:
             spent = time.perf_counter() - start
             if spent >= budget_s or (_second_winograd(low, steps) and
-                                     spent + estimates.get(low, 0.0) > budget_s):
+                                     spent + _start_estimate(low, estimates, took) > budget_s):
                 break
         t0 = time.perf_counter()
         steps[low] = make_step(geo, low, x, k, training=training, dtype=dtype, bias=bias)
         steps[low]()  # warm-up: compile, first-touch memory
+        took[low] = time.perf_counter() - t0
         if started is not None:
-            started[low] = time.perf_counter() - t0
+            started[low] = took[low]
         # The first candidate's compilation is what the layer costs without keras_cct too (a
         # model with keras Conv2D compiles its convolution): the budget counts from there.
         start = time.perf_counter() if start is None else start
