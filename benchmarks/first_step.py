@@ -16,6 +16,9 @@ start (``KERAS_CCT_CACHE_DIR``): the first plans, later ones read what it wrote.
 Conv2D process runs right before the HybridConv2D process of the same index, with an empty
 cache folder of its own and keras_cct's XLA caches off (``KERAS_CCT_XLA_CACHE=0``: JAX's
 persistent compilation cache is off unless a user turns it on).
+The report lists what each race of a first step cost (from the planner's cache entries):
+every candidate's start (making, compiling and first calling its step), its best time, the
+candidates the budget left out, a close race's confirmation and the whole plan's seconds.
 
 With ``--later`` (which implies ``--fit``), each process then makes the calls a user makes next
 at other batch sizes, each timed whole, with the plans it added: a ``fit`` of one batch and a
@@ -75,17 +78,34 @@ def build(kind: str, batch: Optional[int]):
     return model
 
 
-def _cache_files() -> Dict[str, int]:
-    """Planner entries and XLA executables in this process' cache folder."""
+def _plan_entries() -> Dict[str, dict]:
+    """The planner's cache entries in this process' cache folder, in the order planned."""
     import json
     from keras_cct._files import cache_dir
+    path = cache_dir() / "planner.json"
+    return json.loads(path.read_text()).get("entries", {}) if path.exists() else {}
+
+
+def _cache_files() -> Dict[str, int]:
+    """Planner entries and XLA executables in this process' cache folder."""
+    from keras_cct._files import cache_dir
     root = cache_dir()
-    plans = 0
-    if (root / "planner.json").exists():
-        plans = len(json.loads((root / "planner.json").read_text()).get("entries", {}))
     xla = sum(1 for p in (root / "xla").rglob("*") if p.is_file()) if (root / "xla").exists() \
         else 0
-    return {"plans": plans, "xla_executables": xla}
+    return {"plans": len(_plan_entries()), "xla_executables": xla}
+
+
+def _plan_summary(entry: dict) -> dict:
+    """What one race of the planner cost (a cache entry of ``mode="auto"``): the images it
+    timed, each candidate's start (make, compile, first call) and best time, the candidates the
+    budget left out, the images a close race was confirmed at, the whole plan's seconds and
+    the pick."""
+    start = entry.get("start", {}).get("seconds", {})
+    return {"images": entry.get("batch"), "starts_s": start,
+            "timed_ms": {c: s * 1e3 for c, s in entry.get("seconds", {}).items()},
+            "not_started": entry.get("not_timed", []),
+            "confirm_images": entry.get("confirm_batch"),
+            "plan_s": entry.get("plan_seconds"), "pick": entry.get("choice")}
 
 
 def _step_timer(seconds: List[float]):
@@ -157,11 +177,11 @@ def run_config(spec: dict) -> dict:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((spec["batch"],) + INPUT, dtype=np.float32)
     y = rng.integers(0, 10, spec["batch"])
-    before = _cache_files()
+    before, known = _cache_files(), set(_plan_entries())
     fit = bool(spec.get("fit"))
     model = build(spec["kind"], None if fit else spec["batch"])
     first, steady, loss = _steps(model, x, y, fit)
-    after = _cache_files()
+    after, plans = _cache_files(), _plan_entries()
     out = {"kind": spec["kind"], "first_s": first, "steady_s": steady,
            "loss": float(np.asarray(loss).reshape(-1)[0])}
     if spec.get("later"):
@@ -170,6 +190,7 @@ def run_config(spec: dict) -> dict:
         out["picks"] = [model.get_layer(name).chosen_lowering for name, _, _ in LAYERS]
         out["new_plans"] = after["plans"] - before["plans"]
         out["new_xla_executables"] = after["xla_executables"] - before["xla_executables"]
+        out["plans"] = [_plan_summary(e) for k, e in plans.items() if k not in known]
     return out
 
 
@@ -203,6 +224,7 @@ def render(data: dict) -> str:
         ["backend", "dtype", "process", "keras Conv2D first step s", "HybridConv2D first step s",
          "HybridConv2D picks (conv3, conv4, conv5)", "new plans", "new XLA executables",
          "keras Conv2D steady ms", "HybridConv2D steady ms"], rows))
+    lines += _plans_section(data)
     if data.get("later"):
         lines += ["", "## Later calls at other batch sizes", "",
                   f"In each process after its steps (`--later`): a `fit` of one batch and a "
@@ -227,6 +249,31 @@ def render(data: dict) -> str:
         lines.append(f"- failed: {fail['backend']} {fail['dtype']} {fail['kind']} process "
                      f"{fail['process']}: {fail['error']}")
     return "\n".join(lines) + "\n"
+
+
+def _plans_section(data: dict) -> List[str]:
+    """The races HybridConv2D's processes ran for their first step, one row each."""
+    rows = []
+    for run in data["runs"]:
+        for i, h in enumerate(run["hybrid"], 1):
+            for n, p in enumerate(h.get("plans", []), 1):
+                starts = ", ".join(f"{c} {s:.2f}" for c, s in p["starts_s"].items())
+                timed = ", ".join(f"{c} {ms:.1f}" for c, ms in p["timed_ms"].items())
+                rows.append([run["backend"], run["dtype"], i, n, p["images"], starts, timed,
+                             ", ".join(p["not_started"]) or "-", p["confirm_images"] or "-",
+                             p["plan_s"], p["pick"]])
+    if not rows:
+        return []
+    return ["", "## The races of the first step", "",
+            "Each race HybridConv2D's planner ran for a process' first step, in the order "
+            "planned (one per new layer shape: conv3, conv4, conv5 where all three are new): "
+            "the images it timed, each candidate's start (making its step, compiling it, the "
+            "first call), each one's best time, the candidates the budget left out "
+            "(`planner.AUTO_BUDGET_S`), the images a close race was timed again at, and the "
+            "whole plan's seconds.", "",
+            markdown_table(["backend", "dtype", "process", "race", "images", "starts s",
+                            "best ms", "not started", "confirmed at", "plan s", "pick"],
+                           rows)]
 
 
 def plot(data: dict, path: Path) -> None:

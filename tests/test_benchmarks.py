@@ -744,6 +744,12 @@ def test_first_step_two_processes(tmp_path, mode):
         assert math.isfinite(r["loss"])
     one, two = run["hybrid"]
     assert one["new_plans"] == 3 and two["new_plans"] == 0
+    # each of the first process' races, with what its candidates' starts took
+    assert len(one["plans"]) == 3 and two["plans"] == []
+    for plan in one["plans"]:
+        assert _finite_positive(plan["plan_s"]) and plan["pick"] in plan["timed_ms"]
+        assert "native" in plan["starts_s"] and set(plan["starts_s"]) == set(plan["timed_ms"])
+        assert plan["images"] >= 1 and all(map(_finite_positive, plan["starts_s"].values()))
     assert one["picks"] == two["picks"] and set(one["picks"]) <= set(ALL_LOWERINGS)
     for suffix in ("json", "md", "png"):
         assert (tmp_path / f"first_step.{suffix}").stat().st_size > 500
@@ -751,6 +757,7 @@ def test_first_step_two_processes(tmp_path, mode):
     assert "| tensorflow | float32 | 2 |" in md
     assert ("`model.fit` of one batch" in md) is fit
     assert ("## Later calls at other batch sizes" in md) is (mode == "later")
+    assert "## The races of the first step" in md and "| tensorflow | float32 | 1 | 3 |" in md
     if mode == "later":
         for r in run["keras_conv2d"] + run["hybrid"]:
             assert list(r["later"]) == list(first_step.LATER)
