@@ -576,7 +576,8 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, geo.in_h, geo.in_w, geo.channels), dtype=np.float32)
     k = (rng.standard_normal((geo.kh, geo.kw, geo.cg, geo.filters), dtype=np.float32) * 0.1)
-    steps, start, took = {}, None, {}
+    steps, start = {}, None
+    took = {} if started is None else started  # each started candidate's start, seconds
     for low in lowerings:
         if start is not None and budget_s is not None:
             spent = time.perf_counter() - start
@@ -587,8 +588,6 @@ def _time_lowerings(geo, lowerings, batch, dtype, training, repeats, budget_s,
         steps[low] = make_step(geo, low, x, k, training=training, dtype=dtype, bias=bias)
         steps[low]()  # warm-up: compile, first-touch memory
         took[low] = time.perf_counter() - t0
-        if started is not None:
-            started[low] = took[low]
         # The first candidate's compilation is what the layer costs without keras_cct too (a
         # model with keras Conv2D compiles its convolution): the budget counts from there.
         start = time.perf_counter() if start is None else start
