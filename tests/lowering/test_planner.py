@@ -593,6 +593,28 @@ def test_auto_mode_takes_the_pick_of_the_same_race_at_another_batch_untimed(cach
     assert timed
 
 
+def test_auto_mode_takes_a_compiled_race_of_enough_images_for_another_batch(cache_dir,
+                                                                           monkeypatch):
+    """Where the shortlist is compiled (raced at the layer's own batch), a race of at least
+    AUTO_BATCH images serves every other batch raced at that many (an evaluate at 16 after a fit
+    at 32, a fit at 64); a batch raced at fewer images is raced again."""
+    monkeypatch.setattr(planner.B, "COMPILED", ("winograd", "winograd4"))
+    monkeypatch.setattr(planner.B, "WINOGRAD_PARTITIONS", False)
+    monkeypatch.setattr(planner.B, "CONFIRM_EVERY_WIN", False)
+    geo = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
+    shortlist = ("native", "winograd")
+    assert [planner.race_batch(geo, b, shortlist) for b in (32, 16, 64, 8)] == [32, 16, 26, 8]
+    timed = _fake_timer(monkeypatch, {"native": 2.0, "winograd": 1.0, ("native", 8): 0.5})
+    assert planner.choose_for(geo, mode="auto", batch=32, candidates=shortlist) == "winograd"
+    assert {b for _, b in timed} == {32}
+    timed.clear()
+    assert [planner.choose_for(geo, mode="auto", batch=b, candidates=shortlist)
+            for b in (16, 64)] == ["winograd"] * 2
+    assert timed == []
+    assert planner.choose_for(geo, mode="auto", batch=8, candidates=shortlist) == "native"
+    assert {b for _, b in timed} == {8}
+
+
 def test_auto_mode_times_a_layer_with_its_bias_and_caches_it_apart(cache_dir, monkeypatch):
     """A layer with a bias is raced with it (XLA schedules such a step differently); the
     choice is cached per bias, so a layer without one is timed on its own."""
