@@ -25,21 +25,18 @@ Three modes:
   none started once it is spent, nor a second Winograd (and none after it) whose start
   (compilation) took longer on this machine's earlier races than is left
   (:func:`expected_start_s`). The choice is cached on disk, so only the first use of a shape
-  pays for the race: about a second, more where Winograd is compiled (a 3x3 layer on
-  TensorFlow 1.1-3.1 s, on JAX 1.3-7 s, on a 2-core Intel Xeon: docs/benchmarks.md), and later
-  ones nothing. The same shape at another batch size (fit's last partial batch, a predict or
-  an evaluate at another batch) is raced only where its race would time other images: one
-  that would time the same ones as a cached race (the same :func:`race_batch` and, where that
-  race was or would be confirmed, the same :func:`confirm_batch`), or at least
-  :data:`AUTO_BATCH` images as a cached race of that many did, takes its pick
-  (:func:`_same_race`). A convolution of less than :data:`AUTO_MIN_FLOPS` is not worth timing:
-  it runs ``"native"`` (one op, where a lowering is several), except a 1x1 one where ``LOWER_1X1``
-  (below) says. A depthwise convolution (one input channel per group) is not timed either: it
-  runs what the backend module names (``DEPTHWISE``: the backend's own depthwise op on
-  TensorFlow and PyTorch, ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped
-  convolution is 6.6-27x slower; :mod:`keras_cct.lowering.depthwise`). On a backend whose module
-  sets ``LOWER_1X1`` (JAX), an ungrouped 1x1 convolution runs the cost model's lowered type (one
-  GEMM) untimed, however small.
+  pays for the race: about a second, more where Winograd is compiled (docs/benchmarks.md), and
+  later ones nothing. The same shape at another batch size (fit's last partial batch, a
+  predict, an evaluate) takes a cached race's pick where that race timed the same images, or
+  at least :data:`AUTO_BATCH` as it would, or more than it would with a clear pick where it
+  would time at least :data:`FEWER_FROM` (:func:`_same_race`); else it is raced. A
+  convolution of less than :data:`AUTO_MIN_FLOPS` is not worth timing: it runs ``"native"``
+  (one op, where a lowering is several), except a 1x1 one where ``LOWER_1X1`` (below) says.
+  A depthwise convolution (one input channel per group) is not timed either: it runs what the
+  backend module names (``DEPTHWISE``: the backend's own depthwise op on TensorFlow and PyTorch,
+  ``"depthwise"``'s shifted multiply-adds on JAX, whose grouped convolution is 6.6-27x slower;
+  :mod:`keras_cct.lowering.depthwise`). Where the module sets ``LOWER_1X1`` (JAX), an ungrouped
+  1x1 convolution runs the cost model's lowered type (one GEMM) untimed, however small.
 * ``mode="model"`` applies CcT's rule through the cost model, without running anything: Type 1
   (replicate the input) wins when input channels are fewer than output channels, Type 3
   (replicate the output) in the opposite case, Type 2 in between; the estimate in
@@ -107,6 +104,10 @@ NATIVE_MARGIN = 0.05
 #: 24.4 / 18.9 ms against native's 31.6 / 21.3 at the layer's batch.
 CONFIRM_BELOW = 1.3
 CONFIRM_FLOPS_PER_CALL = 24e9
+#: A batch raced at this many images or more, fewer than a cached race of its shape, takes
+#: that race's clear pick (:func:`_clear_pick`; a ``predict`` of a few images after ``fit``):
+#: such picks held at 8 and 4 images in 36 of 38 cases, not at 1 (docs/lowering.md).
+FEWER_FROM = 4
 #: Forward+backward flops per call up to which a shortlist with a compiled candidate is raced
 #: at the layer's own batch (:func:`race_batch`): VGG16's 3x3 layers at 8 images (22 GFLOP)
 #: and CaffeNet's conv2-conv5 at 32 (19-43 GFLOP), not CaffeNet's at 128. (CaffeNet conv2, TF,
@@ -115,9 +116,8 @@ CONFIRM_FLOPS_PER_CALL = 24e9
 COMPILED_FLOPS_PER_CALL = 48e9
 #: ``mode="auto"`` leaves Winograd off the shortlist below this many input channels per group:
 #: its transforms then cost more than the GEMM they shrink. VGG16 conv1_1 (3 -> 64, 112x112,
-#: batch 8, float32; busy machine): F(2x2)/F(4x4) 55/36 ms against native 20 on TensorFlow,
-#: 152/91 against type1 39 on PyTorch; on JAX (bfloat16) 124/49 against 20, after 2.6/3.3 s of
-#: compiling each -- most of that layer's 27-31 s first use on JAX.
+#: batch 8): F(2x2)/F(4x4) 55/36 ms against native 20 on TensorFlow (float32), and on JAX
+#: (bfloat16) 124/49 against 20, after 2.6/3.3 s of compiling each.
 WINOGRAD_MIN_CHANNELS = 16
 #: Seconds ``mode="auto"`` may spend on a new shape before it starts no further candidate
 #: (``$KERAS_CCT_PLAN_BUDGET`` overrides; ``mode="measure"`` has no budget), counted from the
@@ -142,11 +142,8 @@ AUTO_BUDGET_S = 1.0
 #: conv1_2, and the first Winograd TensorFlow traces in a process takes 1.5 s), then the
 #: cost model's lowered type, then space-to-depth (a first layer's full-width GEMM). The
 #: lowered type goes before space-to-depth because a first layer's race can spend the budget
-#: on two candidates: ResNet-50's conv1 (3 -> 64, 7x7, stride 2) at batch 16 on JAX, a 2-core
-#: AMD EPYC (AVX2), raced ``"native"`` (452 ms a call at 8 images) and space-to-depth, never
-#: Type 1, and kept ``"native"``: 605 ms forward+backward at 16 images against Type 1's 355
-#: (``benchmarks.convs --backends jax --nets resnet50 --layers conv1 --batch 16
-#: --lowerings all``); CaffeNet's conv1 there runs Type 1 too (334 ms, native 806).
+#: on two candidates (ResNet-50's conv1 on JAX, a 2-core AMD EPYC, kept ``"native"``, 605 ms
+#: against the unraced Type 1's 355: docs/lowering.md).
 AUTO_ORDER = ("winograd", "winograd4") + LOWERED_TYPES + ("space_to_depth",)
 #: Output planes at least this large on both sides take F(4x4) before F(2x2) in that order
 #: (:func:`auto_order`): its 4x fewer multiplications pay for its larger transforms there, and
@@ -340,9 +337,8 @@ def _auto_choice(geo: ConvGeometry, shortlist, dtype: str, training: bool, batch
 
 def _start_where(geo: ConvGeometry, dtype: str) -> list:
     """What a candidate's start (compilation, first call) is recorded and looked up under:
-    the backend, the device, the dtype and whether the layer is grouped (grouped layers'
-    transforms are one set per group: F(2x2) on CaffeNet's conv4 compiled in 0.9-1.7 s,
-    on VGG16's ungrouped conv4_2 in 0.4-0.8 s)."""
+    the backend, the device, the dtype and whether the layer is grouped (F(2x2) compiled in
+    0.9-1.7 s on CaffeNet's grouped conv4, 0.4-0.8 s on VGG16's ungrouped conv4_2)."""
     import keras
     return [keras.backend.backend(), _device_name(), dtype, geo.groups > 1]
 
@@ -455,26 +451,36 @@ def _same_race(entries: Dict[str, dict], shape: str, small: int, big: int) -> Op
     none. A shape raced at fit's batch is not raced again for the last partial batch or a
     predict or evaluate at another batch where those images are the same. A race of at least
     :data:`AUTO_BATCH` images (a compiled shortlist's, at the layer's own batch:
-    :func:`race_batch`) also serves any other batch raced at that many: TensorFlow, 2-core
-    Intel Xeon, 3x3 layers of CaffeNet, VGG16 and ResNet-50 raced at 32 and 16 images (float32
-    and bfloat16) and 64 and 32 (bfloat16) in separate caches, 25 pairs: the same pick in 20;
-    in the other 5, the larger race's ran 0.84-1.26x the time of the smaller one's at the
-    smaller batch (3 faster), the noise of a close race rather than the batch's (the 1.26x:
-    F(2x2) ahead of ``"native"`` at 64 images as well, 13.3 against 14.8 ms)."""
-    near = None
+    :func:`race_batch`) also serves any other batch raced at that many (TensorFlow: 25 pairs
+    of races at 32 and 16 or 64 and 32 images kept the same pick in 20 and differed in the rest
+    as two races at one batch do: docs/lowering.md), and a race of more images one raced at
+    :data:`FEWER_FROM` or more, where its pick was clear (:func:`_clear_pick`)."""
+    near = fewer = None
     for e in entries.values():
         if not isinstance(e, dict) or e.get("shape") != shape:
             continue
         if e.get("batch") != small:
             if near is None and min(small, e.get("batch") or 0) >= AUTO_BATCH:
                 near = e.get("choice")
+            elif fewer is None and FEWER_FROM <= small < (e.get("batch") or 0):
+                fewer = _clear_pick(e)
             continue
         if "confirm_batch" in e:
             if e["confirm_batch"] == big:
                 return e.get("choice")
         elif big <= small or not _to_confirm(e.get("seconds") or {}):
             return e.get("choice")
-    return near
+    return near or fewer
+
+
+def _clear_pick(entry: dict) -> Optional[str]:
+    """A cached race's pick where it serves fewer images: ``"native"`` (what the layer
+    replaces) or one that led it by :data:`CONFIRM_BELOW` in the race; None after a close race
+    (VGG16's conv1_1, JAX: Type 1 tied with ``"native"`` at 16, 0.50x Conv2D's at 8)."""
+    pick = entry.get("choice")
+    times = entry.get("seconds") or {}
+    led = pick in times and times.get("native", 0) >= CONFIRM_BELOW * times[pick]
+    return pick if pick == "native" or led else None
 
 
 def _cache_file() -> Path:

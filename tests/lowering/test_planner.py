@@ -283,7 +283,8 @@ def test_a_close_race_is_timed_again_warm(cache_dir, monkeypatch):
     asked = []
     monkeypatch.setattr(planner, "time_lowerings", lambda geo, lows, **kw: asked.append(
         kw.get("again_if_close")) or {low: 1.0 for low in lows})
-    for compiled, batch in ((("winograd",), 32), ((), 16), ((), 4)):  # one cache key each
+    for compiled, batch in ((("winograd",), 32), ((), 16), ((), 4)):  # a cache each
+        monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(cache_dir / f"{batch}"))
         monkeypatch.setattr(planner.B, "COMPILED", compiled)
         planner._auto_choice(geo, ("native", "winograd"), "float32", True, batch)
     # uncompiled: at 16 the close race is confirmed at a larger batch instead; at 4 the race
@@ -575,8 +576,10 @@ def test_auto_mode_takes_the_pick_of_the_same_race_at_another_batch_untimed(cach
     assert [planner.choose_for(geo, mode="auto", batch=b) for b in (8, 31, 64)] == \
         ["winograd"] * 3
     assert timed == []
-    assert planner.choose_for(geo, mode="auto", batch=4) == "winograd"  # fewer images
-    assert {b for _, b in timed} == {4}
+    assert planner.choose_for(geo, mode="auto", batch=4) == "winograd"  # fewer, a clear pick
+    assert timed == []
+    assert planner.choose_for(geo, mode="auto", batch=2) == "winograd"  # below FEWER_FROM
+    assert {b for _, b in timed} == {2}
     # a close race, confirmed at `big`: the same race for 48 images, not for 8
     monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(cache_dir / "close"))
     timed = _fake_timer(monkeypatch, {"native": 1.0, "winograd": 0.9, ("winograd", big): 0.8})
@@ -603,16 +606,41 @@ def test_auto_mode_takes_a_compiled_race_of_enough_images_for_another_batch(cach
     monkeypatch.setattr(planner.B, "CONFIRM_EVERY_WIN", False)
     geo = conv_geometry((None, 13, 13, 256), (3, 3, 256, 384), padding=1)
     shortlist = ("native", "winograd")
-    assert [planner.race_batch(geo, b, shortlist) for b in (32, 16, 64, 8)] == [32, 16, 26, 8]
-    timed = _fake_timer(monkeypatch, {"native": 2.0, "winograd": 1.0, ("native", 8): 0.5})
+    assert [planner.race_batch(geo, b, shortlist) for b in (32, 16, 64, 2)] == [32, 16, 26, 2]
+    timed = _fake_timer(monkeypatch, {"native": 2.0, "winograd": 1.0, ("native", 2): 0.5})
     assert planner.choose_for(geo, mode="auto", batch=32, candidates=shortlist) == "winograd"
     assert {b for _, b in timed} == {32}
     timed.clear()
     assert [planner.choose_for(geo, mode="auto", batch=b, candidates=shortlist)
             for b in (16, 64)] == ["winograd"] * 2
     assert timed == []
-    assert planner.choose_for(geo, mode="auto", batch=8, candidates=shortlist) == "native"
-    assert {b for _, b in timed} == {8}
+    assert planner.choose_for(geo, mode="auto", batch=2, candidates=shortlist) == "native"
+    assert {b for _, b in timed} == {2}
+
+
+def test_auto_mode_takes_a_clear_pick_of_more_images_for_a_few(cache_dir, monkeypatch):
+    """A batch raced at FEWER_FROM images or more, fewer than a cached race timed (a predict
+    of a few images after fit), takes that race's pick where it is "native" or led "native" by
+    CONFIRM_BELOW; after a close race, or below FEWER_FROM, it is raced."""
+    monkeypatch.setattr(planner.B, "COMPILED", ())
+    monkeypatch.setattr(planner.B, "CONFIRM_EVERY_WIN", False)
+    geo = conv_geometry((None, 13, 13, 128), (3, 3, 128, 128), padding=1)
+    assert planner.auto_batch(geo, 32) == planner.AUTO_BATCH == 16 and planner.FEWER_FROM == 4
+    assert geo.flops(3) > planner.AUTO_MIN_FLOPS  # raced, however few the images
+    for fast, close in (("winograd", False), ("native", False), ("winograd", True)):
+        monkeypatch.setenv("KERAS_CCT_CACHE_DIR", str(cache_dir / f"{fast}{close}"))
+        rival = 1.0 / (planner.CONFIRM_BELOW - 0.1) if close else 0.5
+        table = {"native": 1.0, "winograd": rival if fast == "winograd" else 2.0,
+                 ("native", 32): 1.0, ("winograd", 32): 0.5}
+        timed = _fake_timer(monkeypatch, table)
+        assert planner.choose_for(geo, mode="auto", batch=32, candidates=("native", "winograd"))
+        timed.clear()
+        pick = planner.choose_for(geo, mode="auto", batch=4, candidates=("native", "winograd"))
+        assert (timed == []) == (not close), (fast, close)
+        assert pick == fast
+        timed.clear()
+        planner.choose_for(geo, mode="auto", batch=3, candidates=("native", "winograd"))
+        assert {b for _, b in timed} == {3}
 
 
 def test_auto_mode_times_a_layer_with_its_bias_and_caches_it_apart(cache_dir, monkeypatch):
