@@ -230,8 +230,8 @@ def test_auto_plans_for_the_batch_the_layer_runs_at(tmp_path, monkeypatch):
     # a layer built with a static batch plans for it when a call has none (TF under fit)
     timed.clear()
     static = HybridConv2D(256, 3, padding=1)
-    static.build((6, 13, 13, 64))
-    assert static.chosen_lowering == "native" and {b for _, b in timed} == {6}
+    static.build((12, 13, 13, 64))  # more images than any race cached: raced
+    assert static.chosen_lowering == "native" and {b for _, b in timed} == {12}
 
 
 def _small_model(lowering="auto"):
