@@ -478,9 +478,7 @@ def _clear_pick(entry: dict) -> Optional[str]:
     replaces) or one that led it by :data:`CONFIRM_BELOW` in the race; None after a close race
     (VGG16's conv1_1, JAX: Type 1 tied with ``"native"`` at 16, 0.50x Conv2D's at 8)."""
     pick = entry.get("choice")
-    times = entry.get("seconds") or {}
-    led = pick in times and times.get("native", 0) >= CONFIRM_BELOW * times[pick]
-    return pick if pick == "native" or led else None
+    return pick if pick == "native" or not _close_race(entry.get("seconds") or {}) else None
 
 
 def _cache_file() -> Path:
